@@ -1,0 +1,66 @@
+"""The numpy reference interpreter: the ground truth for every later stage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .graph import OPS, Graph, Node
+from .symbolic import Expr, evaluate, variables
+from .view import View
+
+
+def read_view(flat: np.ndarray, v: View, env: Mapping[str, int] | None = None) -> np.ndarray:
+    """Gather the elements of v from a flat source array; masked elements read 0."""
+    shape = tuple(int(evaluate(n, env)) for n in v.shape)
+    index = np.full(shape, int(evaluate(v.offset, env)), dtype=np.int64)
+    valid = np.ones(shape, dtype=bool)
+    for axis, n in enumerate(shape):
+        ar = np.arange(n, dtype=np.int64).reshape([n if k == axis else 1 for k in range(len(shape))])
+        index = index + ar * int(evaluate(v.strides[axis], env))
+        if v.mask is not None:
+            lo, hi = (int(evaluate(b, env)) for b in v.mask[axis])
+            valid = valid & (ar >= lo) & (ar < hi)
+    if flat.size == 0 or not valid.any():
+        return np.zeros(shape, dtype=flat.dtype)
+    return np.where(valid, flat[np.where(valid, index, 0)], np.zeros((), dtype=flat.dtype))
+
+
+def bind_dims(graph: Graph, arrays: Sequence[np.ndarray]) -> dict[str, int]:
+    """Values of symbolic dimensions, read off the inputs' shapes."""
+    env: dict[str, int] = {}
+    for node, a in zip(graph.inputs, arrays):
+        for dim, n in zip(node.shape, a.shape):
+            if isinstance(dim, Expr) and variables(dim):
+                name = next(iter(variables(dim)))
+                env.setdefault(name, n)
+    return env
+
+
+def run(graph: Graph, inputs: Sequence[np.ndarray], env: Mapping[str, int] | None = None
+        ) -> list[np.ndarray]:
+    """Evaluate graph on inputs (in graph.inputs order); returns one array per output."""
+    if len(inputs) != len(graph.inputs):
+        raise ValueError(f"expected {len(graph.inputs)} inputs, got {len(inputs)}")
+    arrays = [np.asarray(a) for a in inputs]
+    env = dict(env or bind_dims(graph, arrays))
+    values: dict[int, np.ndarray] = {id(n): a.astype(n.dtype.np, copy=False)
+                                     for n, a in zip(graph.inputs, arrays)}
+    for node in graph.nodes():
+        if id(node) in values:
+            continue
+        values[id(node)] = evaluate_node(node, [values[id(s)] for s in node.srcs], graph, env)
+    return [values[id(o)] for o in graph.outputs]
+
+
+def evaluate_node(node: Node, srcs: list[np.ndarray], graph: Graph, env: Mapping[str, int]) -> np.ndarray:
+    if node.op == "input":
+        raise ValueError(f"input {node.arg!r} is not an input of this graph")
+    if node.op == "weight":
+        return np.asarray(graph.weights[node.arg], dtype=node.dtype.np)
+    if node.op == "view":
+        return read_view(np.ascontiguousarray(srcs[0]).reshape(-1), node.arg, env)
+    if node.op == "iota":
+        return np.arange(int(evaluate(node.shape[0], env)), dtype=node.dtype.np)
+    return OPS[node.op].numpy(node, *srcs)

@@ -1,0 +1,263 @@
+"""Symbolic integers: dimensions that are only known at run time, and index math.
+
+An `Expr` is an immutable tree over integer variables with bounds. Constructors
+simplify as they build (constant folding, identities, bounds), which keeps index
+expressions produced from views small enough to read and cheap to compile.
+Every place that takes a size accepts `sint` = int | Expr.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+
+class Expr:
+    """Base of symbolic integer expressions. Operators build simplified trees."""
+
+    def __add__(self, o: sint) -> Expr: return add(self, o)
+    def __radd__(self, o: sint) -> Expr: return add(o, self)
+    def __sub__(self, o: sint) -> Expr: return add(self, mul(o, -1))
+    def __rsub__(self, o: sint) -> Expr: return add(o, mul(self, -1))
+    def __mul__(self, o: sint) -> Expr: return mul(self, o)
+    def __rmul__(self, o: sint) -> Expr: return mul(o, self)
+    def __floordiv__(self, o: sint) -> Expr: return floordiv(self, o)
+    def __mod__(self, o: sint) -> Expr: return mod(self, o)
+    def __neg__(self) -> Expr: return mul(self, -1)
+
+    @property
+    def vmin(self) -> int: return bounds(self)[0]
+
+    @property
+    def vmax(self) -> int: return bounds(self)[1]
+
+    def __str__(self) -> str: return render(self)
+
+
+@dataclass(frozen=True, repr=False)
+class Num(Expr):
+    v: int
+
+    def __repr__(self) -> str: return str(self.v)
+
+
+@dataclass(frozen=True, repr=False)
+class Var(Expr):
+    """A named integer in [lo, hi] (inclusive)."""
+
+    name: str
+    lo: int = 0
+    hi: int = 2**31 - 1
+
+    def __repr__(self) -> str: return self.name
+
+
+@dataclass(frozen=True, repr=False)
+class BinOp(Expr):
+    op: str  # one of + * // % < and
+    a: Expr
+    b: Expr
+
+    def __repr__(self) -> str: return render(self)
+
+
+sint = int | Expr
+
+_PY: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "<": lambda a, b: int(a < b),
+    "and": lambda a, b: int(bool(a) and bool(b)),
+}
+
+
+def to_expr(x: sint) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, (int,)) or hasattr(x, "__index__"):
+        return Num(int(x))
+    raise TypeError(f"not a symbolic int: {x!r}")
+
+
+def as_int(x: sint) -> int | None:
+    """The value of x if it is a known constant, else None."""
+    if isinstance(x, Expr):
+        return x.v if isinstance(x, Num) else None
+    return int(x)
+
+
+def bounds(e: Expr) -> tuple[int, int]:
+    if isinstance(e, Num):
+        return e.v, e.v
+    if isinstance(e, Var):
+        return e.lo, e.hi
+    assert isinstance(e, BinOp)
+    (a0, a1), (b0, b1) = bounds(e.a), bounds(e.b)
+    if e.op == "+":
+        return a0 + b0, a1 + b1
+    if e.op == "*":
+        c = [a0 * b0, a0 * b1, a1 * b0, a1 * b1]
+        return min(c), max(c)
+    if e.op == "//" and b0 == b1 and b0 > 0:
+        return a0 // b0, a1 // b0
+    if e.op == "%" and b0 == b1 and b0 > 0:
+        return (a0, a1) if 0 <= a0 and a1 < b0 else (0, b0 - 1)
+    if e.op in ("<", "and"):
+        return 0, 1
+    return -(2**62), 2**62
+
+
+def add(a: sint, b: sint) -> Expr:
+    a, b = to_expr(a), to_expr(b)
+    if isinstance(a, Num) and isinstance(b, Num):
+        return Num(a.v + b.v)
+    if isinstance(a, Num):
+        a, b = b, a
+    if b == Num(0):
+        return a
+    # fold constants to the right: (x + c1) + c2 -> x + (c1 + c2)
+    if isinstance(a, BinOp) and a.op == "+" and isinstance(a.b, Num):
+        return add(a.a, a.b.v + b.v) if isinstance(b, Num) else add(add(a.a, b), a.b)
+    return BinOp("+", a, b)
+
+
+def mul(a: sint, b: sint) -> Expr:
+    a, b = to_expr(a), to_expr(b)
+    if isinstance(a, Num) and isinstance(b, Num):
+        return Num(a.v * b.v)
+    if isinstance(a, Num):
+        a, b = b, a
+    if b == Num(0):
+        return Num(0)
+    if b == Num(1):
+        return a
+    if isinstance(b, Num) and isinstance(a, BinOp) and a.op == "*" and isinstance(a.b, Num):
+        return mul(a.a, a.b.v * b.v)
+    if isinstance(b, Num) and isinstance(a, BinOp) and a.op == "+":
+        return add(mul(a.a, b), mul(a.b, b))
+    return BinOp("*", a, b)
+
+
+def floordiv(a: sint, b: sint) -> Expr:
+    a, b = to_expr(a), to_expr(b)
+    if isinstance(a, Num) and isinstance(b, Num):
+        return Num(a.v // b.v)
+    if b == Num(1):
+        return a
+    if isinstance(b, Num) and b.v > 0:
+        lo, hi = bounds(a)
+        if lo // b.v == hi // b.v:
+            return Num(lo // b.v)
+        # (x*c) // c -> x and (x*c + y) // c -> x + y // c when 0 <= y < c
+        if isinstance(a, BinOp) and a.op == "*" and isinstance(a.b, Num) and a.b.v % b.v == 0:
+            return mul(a.a, a.b.v // b.v)
+        if isinstance(a, BinOp) and a.op == "+":
+            for x, y in ((a.a, a.b), (a.b, a.a)):
+                if (isinstance(x, BinOp) and x.op == "*" and isinstance(x.b, Num)
+                        and x.b.v % b.v == 0 and 0 <= bounds(y)[0] and bounds(y)[1] < b.v):
+                    return mul(x.a, x.b.v // b.v)
+    return BinOp("//", a, b)
+
+
+def mod(a: sint, b: sint) -> Expr:
+    a, b = to_expr(a), to_expr(b)
+    if isinstance(a, Num) and isinstance(b, Num):
+        return Num(a.v % b.v)
+    if b == Num(1):
+        return Num(0)
+    if isinstance(b, Num) and b.v > 0:
+        lo, hi = bounds(a)
+        if 0 <= lo and hi < b.v:
+            return a
+        if isinstance(a, BinOp) and a.op == "*" and isinstance(a.b, Num) and a.b.v % b.v == 0:
+            return Num(0)
+        if isinstance(a, BinOp) and a.op == "+":
+            for x, y in ((a.a, a.b), (a.b, a.a)):
+                if isinstance(x, BinOp) and x.op == "*" and isinstance(x.b, Num) and x.b.v % b.v == 0:
+                    return mod(y, b)
+    return BinOp("%", a, b)
+
+
+def lt(a: sint, b: sint) -> Expr:
+    a, b = to_expr(a), to_expr(b)
+    (a0, a1), (b0, b1) = bounds(a), bounds(b)
+    if a1 < b0:
+        return Num(1)
+    if a0 >= b1:
+        return Num(0)
+    return BinOp("<", a, b)
+
+
+def logical_and(a: sint, b: sint) -> Expr:
+    a, b = to_expr(a), to_expr(b)
+    if a == Num(1):
+        return b
+    if b == Num(1):
+        return a
+    if Num(0) in (a, b):
+        return Num(0)
+    return BinOp("and", a, b)
+
+
+def evaluate(x: sint, env: Mapping[str, int] | None = None):
+    """Value of x with variables taken from env. Works on numpy arrays of ints too."""
+    if not isinstance(x, Expr):
+        return x
+    if isinstance(x, Num):
+        return x.v
+    if isinstance(x, Var):
+        if env is None or x.name not in env:
+            raise KeyError(f"symbolic dimension {x.name!r} has no value")
+        return env[x.name]
+    a, b = evaluate(x.a, env), evaluate(x.b, env)
+    if x.op == "<":
+        return a < b
+    if x.op == "and":
+        return a & b if hasattr(a, "__and__") and not isinstance(a, int) else int(bool(a) and bool(b))
+    return _PY[x.op](a, b)
+
+
+def variables(x: sint) -> set[str]:
+    if isinstance(x, Var):
+        return {x.name}
+    if isinstance(x, BinOp):
+        return variables(x.a) | variables(x.b)
+    return set()
+
+
+_C_OPS = {"+": "+", "*": "*", "//": "/", "%": "%", "<": "<", "and": "&&"}
+
+
+def render(x: sint, name: Callable[[Var], str] = lambda v: v.name) -> str:
+    """C syntax (also valid for CUDA, OpenCL and Metal). `//` and `%` are only
+    produced on non-negative operands, where C's truncation equals floor."""
+    if not isinstance(x, Expr):
+        return str(x)
+    if isinstance(x, Num):
+        return str(x.v)
+    if isinstance(x, Var):
+        return name(x)
+    return f"({render(x.a, name)} {_C_OPS[x.op]} {render(x.b, name)})"
+
+
+def prod(xs) -> sint:
+    out: sint = 1
+    for x in xs:
+        out = out * x if isinstance(out, Expr) or isinstance(x, Expr) else out * int(x)
+    return out
+
+
+def sym_eq(a: sint, b: sint) -> bool:
+    """Structural equality of sizes (int 3 == Num(3))."""
+    return to_expr(a) == to_expr(b)
+
+
+def gcd_all(xs) -> int:
+    g = 0
+    for x in xs:
+        v = as_int(x)
+        g = math.gcd(g, v) if v is not None else 1
+    return g
