@@ -23,15 +23,20 @@ from .view import View
 @dataclass(frozen=True)
 class OpDef:
     name: str
-    kind: str  # leaf | unary | binary | ternary | reduce | gather | view | contiguous
+    kind: str  # leaf | unary | binary | ternary | reduce | gather | view | contiguous | composite
     numpy: Callable[..., np.ndarray] | None  # (node, *source arrays) -> array
+    # composites only: the same value built from primitives, for backends without a native form
+    decompose: Callable[[Node], Node] | None = None
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def register(name: str, kind: str, numpy_fn: Callable[..., np.ndarray] | None) -> None:
-    OPS[name] = OpDef(name, kind, numpy_fn)
+def register(name: str, kind: str, numpy_fn: Callable[..., np.ndarray] | None,
+             decompose: Callable[[Node], Node] | None = None) -> None:
+    if kind == "composite" and decompose is None:
+        raise ValueError(f"composite op {name!r} needs a decomposition into primitives")
+    OPS[name] = OpDef(name, kind, numpy_fn, decompose)
 
 
 def _cast(node: Node, x: np.ndarray) -> np.ndarray:
@@ -218,6 +223,7 @@ class Graph:
     inputs: list[Node]
     outputs: list[Node]
     weights: dict[str, np.ndarray]
+    out_spec: Any = None  # how the flat outputs nest (a torch pytree spec), kept by the frontend
 
     def nodes(self) -> list[Node]:
         """All nodes reachable from the outputs, sources before users."""
@@ -276,6 +282,21 @@ def _describe_arg(n: Node) -> str:
     if n.op == "cast":
         return f" to {n.arg.short}"
     return ""
+
+
+def decompose_composites(graph: Graph, keep: set[str] = frozenset()) -> Graph:
+    """The same graph with every composite op not in `keep` replaced by primitives."""
+    new: dict[int, Node] = {}
+    for n in graph.nodes():
+        srcs = [new[id(s)] for s in n.srcs]
+        if n.kind == "composite" and n.op not in keep:
+            node = OPS[n.op].decompose(Node(n.op, srcs, n.arg, n.shape, n.dtype))
+            new[id(n)] = decompose_composites(Graph([], [node], graph.weights), keep).outputs[0]
+        elif n.srcs and any(a is not b for a, b in zip(srcs, n.srcs)):
+            new[id(n)] = Node(n.op, srcs, n.arg, n.shape, n.dtype)
+        else:
+            new[id(n)] = n
+    return Graph(graph.inputs, [new[id(o)] for o in graph.outputs], graph.weights, graph.out_spec)
 
 
 def numel(shape: Sequence[sint]) -> int | None:
