@@ -1,0 +1,205 @@
+"""Extraction of K candidate programs from a frozen e-graph.
+
+The e-graph is read once (`read_egraph`), every e-class gets its shape and dtype, and
+every e-node a cost estimate. `extract` is a greedy DAG extraction: the cost of choosing
+a node is its own cost plus the union of its children's chosen sub-DAGs, so a value used
+twice is paid once. Further candidates come from re-running it with per-node random
+penalties; each is scored with the true costs and identical programs are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import egglog.bindings as eb
+
+from ..ir.dtypes import DType
+from ..ir.graph import Node
+from ..ir.symbolic import Expr, as_int
+from ..ir.view import View
+from .lang import CTORS
+
+LAUNCH = 2000.0  # a kernel boundary, in units of one elementwise op
+TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
+SYMBOLIC_HINT = 64  # size assumed for a symbolic dimension when estimating
+
+
+@dataclass
+class EGraphData:
+    nodes: list[tuple]            # (ctor, *args) with T args as class ids
+    node_class: list[int]
+    children: list[list[int]]
+    roots: list[int]
+    info: dict[int, tuple[tuple, DType]]  # class -> (shape, dtype)
+
+
+def read_egraph(egraph: eb.EGraph, attrs: list) -> EGraphData:
+    frozen = egraph.freeze()
+    ids: dict = {}
+    cls = lambda v: ids.setdefault(v, len(ids))
+    nodes, node_class, children, roots = [], [], [], {}
+    for name, fn in frozen.functions.items():
+        if name == "Out":
+            for row in fn.rows:
+                roots[egraph.value_to_i64(row.inputs[0])] = cls(row.inputs[1])
+        if name not in CTORS:
+            continue
+        kinds = CTORS[name][1]
+        for row in fn.rows:
+            if row.subsumed:
+                continue
+            args = [cls(v) if k == "T" else egraph.value_to_f64(v) if k == "f64" else egraph.value_to_i64(v)
+                    for k, v in zip(kinds, row.inputs)]
+            nodes.append((name, *args))
+            node_class.append(cls(row.output))
+            children.append([a for k, a in zip(kinds, args) if k == "T"])
+    data = EGraphData(nodes, node_class, children, [roots[i] for i in range(len(roots))], {})
+    _infer_types(data, attrs)
+    return data
+
+
+def _infer_types(data: EGraphData, attrs: list) -> None:
+    pending = list(range(len(data.nodes)))
+    while pending:
+        rest = []
+        for n in pending:
+            if data.node_class[n] in data.info:
+                continue
+            if any(c not in data.info for c in data.children[n]):
+                rest.append(n)
+                continue
+            data.info[data.node_class[n]] = _type_of(data.nodes[n], [data.info[c] for c in data.children[n]],
+                                                     attrs)
+        if len(rest) == len(pending):
+            break  # classes only reachable through cycles: never extracted
+        pending = rest
+
+
+def _type_of(node: tuple, kids: list, attrs: list) -> tuple[tuple, DType]:
+    ctor, *args = node
+    if ctor == "Leaf":
+        leaf: Node = attrs[args[0]]
+        return tuple(leaf.shape), leaf.dtype
+    if ctor == "Fill":
+        return attrs[args[2]], attrs[args[1]]
+    if ctor.startswith("Op"):
+        _, _, shape, dtype = attrs[args[0]]
+        return shape, dtype
+    shape, dtype = kids[0]
+    if ctor == "View":
+        return tuple(attrs[args[1]].shape), dtype
+    if ctor == "Cast":
+        return shape, attrs[args[1]]
+    if ctor == "Lt":
+        return shape, DType.bool
+    if ctor == "Where":
+        return shape, kids[1][1]
+    if ctor in ("Sum", "MaxReduce"):
+        return shape[:args[1]] + shape[args[1] + 1:], dtype
+    if ctor == "Gather":
+        return kids[1][0] + shape[1:], dtype
+    if ctor == "Matmul":
+        return shape[:-1] + kids[1][0][-1:], dtype
+    return shape, dtype
+
+
+def numel(shape: tuple) -> int:
+    return math.prod(as_int(d) if as_int(d) is not None else SYMBOLIC_HINT for d in shape)
+
+
+def node_cost(node: tuple, out: tuple, kids: list, attrs: list) -> float:
+    """Estimated time of one e-node, in elementwise-op units."""
+    ctor = node[0]
+    n = numel(out[0])
+    if ctor in ("Leaf", "Fill"):
+        return 0.0
+    if ctor == "View":
+        v: View = attrs[node[2]]
+        last = v.strides[-1] if v.strides else 1
+        strided = isinstance(last, Expr) or last not in (0, 1)
+        return 0.5 * n if strided else 0.0  # a strided innermost read wastes cache lines
+    if ctor == "Contiguous":
+        return LAUNCH + 2.0 * n
+    if ctor in ("Sum", "MaxReduce"):
+        return LAUNCH + numel(kids[0][0])
+    if ctor == "Matmul":
+        return LAUNCH + 0.25 * numel(kids[0][0]) * numel(kids[1][0][-1:])
+    if ctor in TRANSCENDENTAL:
+        return 4.0 * n
+    return float(n)
+
+
+def costs(data: EGraphData, attrs: list) -> list[float]:
+    """Per-node costs; inf where a node cannot be typed or copies a buffer that already exists."""
+    leaves = {c for node, c in zip(data.nodes, data.node_class) if node[0] in ("Leaf", "Fill")}
+    return [node_cost(node, data.info[c], [data.info[k] for k in kids], attrs)
+            if c in data.info and all(k in data.info for k in kids)
+            and not (node[0] == "Contiguous" and kids[0] in leaves) else math.inf
+            for node, c, kids in zip(data.nodes, data.node_class, data.children)]
+
+
+def extract(data: EGraphData, cost: list[float], passes: int = 8) -> dict[int, int]:
+    """Greedy DAG extraction: class -> chosen node."""
+    best: dict[int, int] = {}
+    best_cost: dict[int, float] = {}
+    sets: dict[int, frozenset] = {}
+    for _ in range(passes):
+        changed = False
+        for n, c in enumerate(data.node_class):
+            kids = data.children[n]
+            if cost[n] == math.inf or any(k not in sets for k in kids):
+                continue
+            if len(kids) == 1:
+                union = sets[kids[0]]
+            else:
+                union = frozenset().union(*(sets[k] for k in kids)) if kids else frozenset()
+            if c in union:
+                continue  # a cycle through this class
+            total = cost[n] + sum(cost[best[k]] for k in union)
+            if total < best_cost.get(c, math.inf) - 1e-9:
+                best[c], best_cost[c], sets[c] = n, total, union | {c}
+                changed = True
+        if not changed:
+            break
+    return best
+
+
+def reachable(data: EGraphData, best: dict[int, int]) -> dict[int, int] | None:
+    """The chosen node of every class the roots reach, or None if the choice is cyclic."""
+    out: dict[int, int] = {}
+    state: dict[int, int] = {}  # 1 visiting, 2 done
+    stack = [(r, False) for r in data.roots]
+    while stack:
+        c, done = stack.pop()
+        if done:
+            state[c] = 2
+            continue
+        if state.get(c) == 2:
+            continue
+        if state.get(c) == 1 or c not in best:
+            return None
+        state[c] = 1
+        out[c] = best[c]
+        stack.append((c, True))
+        stack.extend((k, False) for k in data.children[best[c]] if state.get(k) != 2)
+    return out
+
+
+def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0,
+               spread: float = 0.8, deadline: Callable[[], bool] = lambda: False) -> list[dict[int, int]]:
+    """Up to k distinct extractions, cheapest (by the true DAG cost) first."""
+    rng = random.Random(seed)
+    found: dict[frozenset, tuple[float, dict[int, int]]] = {}
+    for attempt in range(4 * k):
+        if attempt and (len(found) >= k or deadline()):
+            break
+        noisy = cost if attempt == 0 else [c * math.exp(rng.gauss(0.0, spread)) for c in cost]
+        choice = reachable(data, extract(data, noisy))
+        if choice is None:
+            continue
+        key = frozenset(choice.values())
+        found.setdefault(key, (sum(cost[n] for n in key), choice))
+    return [choice for _, choice in sorted(found.values(), key=lambda t: t[0])][:k]

@@ -1,0 +1,138 @@
+"""The term language the e-graph holds, and rules as data.
+
+Every IR op is one egglog constructor of sort `T`. Attributes egglog cannot reason
+about (a View, a dtype, a leaf node, a shape) are interned into Python tables and
+carried as `i64` ids; rules that need their meaning read Python-computed "oracle"
+functions (e.g. `mm_a`), filled for every attribute tuple of the graph at insertion.
+
+A `Rule` is an s-expression rewrite `lhs => rhs` (plus optional extra query facts
+`when`). The same data produces the egglog rule and the soundness test's example:
+`example` binds the rule's variables to small concrete values (tensor shapes, floats,
+shapes, dtypes, axes), or is a function returning a Graph whose output matches lhs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# constructor -> (IR op, argument kinds). T: a child term; attr: an interned id; int: a raw
+# integer (a reduce axis); f64: a float literal (a constant's value).
+CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "Leaf": ("leaf", ("attr",)),                 # input / weight / iota / unbroadcastable const
+    "Fill": ("const", ("f64", "attr", "attr")),  # value, dtype, shape: a broadcast scalar
+    "Exp2": ("exp2", ("T",)), "Log2": ("log2", ("T",)), "Sin": ("sin", ("T",)),
+    "Sqrt": ("sqrt", ("T",)), "Recip": ("recip", ("T",)), "Neg": ("neg", ("T",)),
+    "Cast": ("cast", ("T", "attr")),
+    "Add": ("add", ("T", "T")), "Mul": ("mul", ("T", "T")), "Mod": ("mod", ("T", "T")),
+    "Lt": ("lt", ("T", "T")), "Max": ("max", ("T", "T")),
+    "Where": ("where", ("T", "T", "T")),
+    "Sum": ("sum", ("T", "int")), "MaxReduce": ("max_reduce", ("T", "int")),
+    "Contiguous": ("contiguous", ("T",)),
+    "Gather": ("gather", ("T", "T")),
+    "View": ("view", ("T", "attr")),
+    # composites of eclat.rewrites.composites
+    "Matmul": ("matmul", ("T", "T")), "Fma": ("fma", ("T", "T", "T")), "Rsqrt": ("rsqrt", ("T",)),
+    # any other registered op, carried opaquely: attr = (op, arg, shape, dtype)
+    "Op1": ("", ("attr", "T")), "Op2": ("", ("attr", "T", "T")), "Op3": ("", ("attr", "T", "T", "T")),
+}
+CTOR_OF_OP = {op: c for c, (op, _) in CTORS.items() if op}
+ELEMENTWISE = [c for c, (op, _) in CTORS.items()
+               if op in ("exp2", "log2", "sin", "sqrt", "recip", "neg", "cast", "add", "mul", "mod",
+                         "lt", "max", "where", "fma", "rsqrt")]
+
+# oracle functions: name -> number of i64 keys (all values are i64 attribute ids)
+ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2}
+
+
+def declarations() -> str:
+    """egglog text declaring the sort, constructors, oracle tables and output relation."""
+    sort = {"T": "T", "attr": "i64", "int": "i64", "f64": "f64"}
+    ctors = " ".join(f"({c} {' '.join(sort[k] for k in kinds)})" for c, (_, kinds) in CTORS.items())
+    oracles = "\n".join(f"(function {name} ({' '.join(['i64'] * n)}) i64 :merge old)"
+                        for name, n in ORACLES.items())
+    return f"(datatype T {ctors})\n{oracles}\n(relation Out (i64 T))\n(relation FloatDT (i64))\n"
+
+
+# --- s-expressions ------------------------------------------------------------------------
+
+Sexp = str | float | int | tuple  # a symbol, a literal, or (head, *args)
+
+
+def parse(text: str) -> Sexp:
+    tokens = text.replace("(", " ( ").replace(")", " ) ").split()
+    pos = 0
+
+    def read() -> Sexp:
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok == "(":
+            items = []
+            while tokens[pos] != ")":
+                items.append(read())
+            pos += 1
+            return tuple(items)
+        for conv in (int, float):
+            try:
+                return conv(tok)
+            except ValueError:
+                pass
+        return tok
+
+    out = read()
+    if pos != len(tokens):
+        raise ValueError(f"trailing text in s-expression {text!r}")
+    return out
+
+
+def render(e: Sexp) -> str:
+    if isinstance(e, tuple):
+        return "(" + " ".join(render(x) for x in e) + ")"
+    if isinstance(e, float):
+        return repr(e) if "." in repr(e) or "e" in repr(e) else f"{e}.0"
+    return str(e)
+
+
+def variables(e: Sexp) -> list[str]:
+    """Symbols of e that are rule variables (lower-case, not a primitive)."""
+    out: list[str] = []
+    if isinstance(e, tuple):
+        for x in e[1:] if e and isinstance(e[0], str) else e:
+            out += [v for v in variables(x) if v not in out]
+    elif isinstance(e, str) and e[:1].islower() and e not in ORACLES:
+        out.append(e)
+    return out
+
+
+# --- rules --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    lhs: str
+    rhs: str
+    when: tuple[str, ...] = ()
+    # variable -> value (tensor var: shape tuple; f64 var: float; "d*": DType; "s*": shape; axis: int),
+    # or a function returning a Graph whose single output has the form of lhs
+    example: dict[str, Any] | Callable[[], Any] = field(default_factory=dict)
+    bidirectional: bool = False
+
+    def egglog(self, ruleset: str) -> str:
+        facts = f"(= __e {self.lhs}) " + " ".join(self.when)
+        text = f'(rule ({facts}) ((union __e {self.rhs})) :ruleset {ruleset} :name "{self.name}")'
+        if self.bidirectional:
+            back = f"(= __e {self.rhs}) " + " ".join(self.when)
+            text += f'\n(rule ({back}) ((union __e {self.lhs})) :ruleset {ruleset} :name "{self.name}~")'
+        return text
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    name: str
+    rules: tuple[Rule, ...]
+    explosive: bool = False  # run under the back-off scheduler
+
+    def egglog(self) -> str:
+        return f"(ruleset {self.name})\n" + "\n".join(r.egglog(self.name) for r in self.rules)

@@ -1,0 +1,80 @@
+"""Recognition: high-level forms hidden in primitives. A broadcast multiply summed over
+one axis, where each operand is broadcast along a different axis, is a (batched) matmul.
+
+Which axes play batch / M / N / K is View arithmetic, so Python plans it (`plan_matmul`)
+for every Sum(Mul(View, View)) of the graph, both operand orders, and the egglog rule
+reads the plan from the oracle tables mm_a / mm_b / mm_o.
+"""
+
+from __future__ import annotations
+
+from ..ir import graph as g
+from ..ir.graph import Graph
+from ..ir.symbolic import as_int
+from ..ir.view import View
+from .composites import matmul
+from .lang import Rule, RuleSet
+
+
+def plan_matmul(va: View, vb: View, r: int) -> tuple[View, View, View] | None:
+    """Views (a2, b2, out) with sum(mul(view(x, va), view(y, vb)), r) ==
+    view(matmul(view(x, a2), view(y, b2)), out), or None when it is no matmul."""
+    if va.mask is not None or vb.mask is not None:
+        return None
+    shape = va.shape
+
+    def bcast(v: View, i: int) -> bool:
+        return as_int(v.strides[i]) == 0 and as_int(shape[i]) != 1
+
+    others = [i for i in range(len(shape)) if i != r]
+    m_axes = [i for i in others if bcast(vb, i) and not bcast(va, i)]
+    n_axes = [i for i in others if bcast(va, i) and not bcast(vb, i)]
+    if bcast(va, r) or bcast(vb, r) or len(m_axes) != 1 or len(n_axes) != 1:
+        return None
+    m, n = m_axes[0], n_axes[0]
+    batch = [i for i in others if i not in (m, n)]
+    bshape = [shape[i] for i in batch]
+
+    def operand(v: View, order: list[int], unit: int, out_shape: list) -> View | None:
+        p = v.permute(order)
+        return p.shrink([(0, 1) if k == unit else (0, s) for k, s in enumerate(p.shape)]).reshape(out_shape)
+
+    nb = len(batch)
+    a2 = operand(va, [*batch, m, n, r], nb + 1, [*bshape, shape[m], shape[r]])
+    b2 = operand(vb, [*batch, m, r, n], nb, [*bshape, shape[r], shape[n]])
+    if a2 is None or b2 is None:
+        return None
+    produced = [*batch, m, n]
+    out = View.contiguous([*bshape, shape[m], shape[n]]).permute([produced.index(i) for i in others])
+    return a2, b2, out
+
+
+def fill_matmul(enc) -> list[tuple[str, tuple[int, ...], int]]:
+    out = []
+    terms = enc.terms
+    for t in terms:
+        if t[0] != "Sum" or terms[t[1]][0] != "Mul":
+            continue
+        _, i, j = terms[t[1]]
+        if terms[i][0] != "View" or terms[j][0] != "View":
+            continue
+        for (va, vb) in ((terms[i][2], terms[j][2]), (terms[j][2], terms[i][2])):
+            plan = plan_matmul(enc.attrs[va], enc.attrs[vb], t[2])
+            if plan is not None:
+                key = (va, vb, t[2])
+                out += [(name, key, enc.view_id(v)) for name, v in zip(("mm_a", "mm_b", "mm_o"), plan)]
+    return out
+
+
+def _example() -> Graph:
+    """x [2, 3, 4] @ transpose(W [2, 5, 4]) written as expand, multiply, sum."""
+    x = g.input_("x", (2, 3, 4))
+    w = g.input_("w", (2, 5, 4))
+    wt = g.movement(w, lambda v: v.permute([0, 2, 1]))
+    return g.decompose_composites(Graph([x, w], [matmul(x, wt)], {}))
+
+
+RULES = RuleSet("recognition", (
+    Rule("matmul", "(Sum (Mul (View x va) (View y vb)) r)", "(View (Matmul (View x a2) (View y b2)) o)",
+         ("(= a2 (mm_a va vb r))", "(= b2 (mm_b va vb r))", "(= o (mm_o va vb r))"), example=_example),
+))

@@ -1,0 +1,26 @@
+"""The rule sets and oracle fillers, in the order the schedule runs them."""
+
+from __future__ import annotations
+
+from . import algebra, fusion, layout, recognition
+from .lang import RuleSet
+from .targets import TARGETS, backend_rules
+
+# stages run in order, each to saturation or to the limits; targets join after the first
+STAGES: tuple[RuleSet, ...] = (algebra.RULES, recognition.RULES, layout.RULES)
+EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE,)
+FUSION: tuple[RuleSet, ...] = (fusion.RULES,)
+
+# recognition before layout: layout lays out the operand views the matmul plans create
+ORACLE_FILLERS = (algebra.fill_drop, recognition.fill_matmul, layout.fill_layout)
+
+
+def all_rulesets() -> list[RuleSet]:
+    """Every rule set that exists, target ones included (each once)."""
+    out = [*STAGES, *EXPLOSIVE, *FUSION]
+    for sets in TARGETS.values():
+        out += [s for s in sets if s not in out]
+    return out
+
+
+__all__ = ["STAGES", "EXPLOSIVE", "FUSION", "ORACLE_FILLERS", "all_rulesets", "backend_rules"]
