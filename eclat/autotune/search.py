@@ -1,0 +1,188 @@
+"""Search driver: choose a schedule for one kernel among opaque candidates.
+
+The caller (the compiler) knows how to build and time a candidate and how to check its
+output; this module only decides which candidates to time and which one to keep:
+
+    result = search(candidates, time_fn=time_it, check_fn=verify, mode="fast", db=db, key=key)
+    result.winner.schedule, result.measured_us, result.stats   # extracted/pruned/timed/...
+
+Modes:
+  none  the first candidate (by convention the default schedule), or the database's choice;
+        nothing is timed or written.
+  fast  candidates in order of roofline estimate, at most FAST_LIMIT of them; a candidate whose
+        estimate exceeds best measured x margin is pruned without timing.
+  full  exhaustive: every candidate is timed (the reference that fast is compared against).
+
+In every mode the database is consulted first and its schedule used when it is among the
+candidates and passes check_fn. A candidate only becomes the best after check_fn accepts it,
+so a fast wrong answer is never kept, and pruning compares only against verified times. A
+candidate whose timing or check raises is skipped and its reason recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import EclatError
+from .db import TuningDB, TuningKey
+from .measure import Timing, run_isolated
+from .progress import progress
+from .roofline import DEFAULT_MARGIN, should_prune
+
+FAST_LIMIT = 4  # candidates timed at most per kernel in "fast" mode
+
+
+@dataclass(frozen=True)
+class Mode:
+    time: bool  # time candidates at all
+    limit: int | None  # at most this many candidates, best estimates first (None: all)
+    margin: float | None  # roofline pruning margin (None: no pruning)
+
+
+MODES = {
+    "none": Mode(time=False, limit=0, margin=None),
+    "fast": Mode(time=True, limit=FAST_LIMIT, margin=DEFAULT_MARGIN),
+    "full": Mode(time=True, limit=None, margin=None),
+}
+
+
+class TuningError(EclatError):
+    """No candidate of a kernel could be built, timed and verified."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a kernel. schedule is what the database stores (JSON); payload is the caller's."""
+
+    schedule: dict[str, Any]
+    estimate_us: float
+    payload: Any = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Failure:
+    schedule: dict[str, Any]
+    stage: str  # "time" or "check"
+    reason: str
+
+
+@dataclass
+class SearchStats:
+    """Counts for one kernel, or summed over many with +=."""
+
+    extracted: int = 0  # candidates offered
+    pruned: int = 0  # not timed: beyond the mode's limit, or the roofline says they cannot win
+    timed: int = 0  # timing attempted (including those that then failed)
+    hits: int = 0  # the database's schedule was used
+    misses: int = 0  # the database had no usable schedule
+    failures: int = 0  # candidates skipped because timing or checking failed
+
+    def __iadd__(self, other: SearchStats) -> SearchStats:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+    def __str__(self) -> str:
+        return ", ".join(f"{getattr(self, n)} {n}" for n in self.__dataclass_fields__)
+
+
+@dataclass
+class SearchResult:
+    winner: Candidate
+    measured_us: float | None  # None when nothing was timed (mode "none" without a database entry)
+    source: str  # "default", "db" or "search"
+    stats: SearchStats
+    failures: list[Failure] = field(default_factory=list)
+
+
+TimeFn = Callable[[Candidate], "Timing | float"]
+CheckFn = Callable[[Candidate], "bool | None"]
+
+
+def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckFn | None = None,
+           mode: str = "fast", db: TuningDB | None = None, key: TuningKey | None = None,
+           margin: float | None = None, limit: int | None = None, quiet: bool | None = None,
+           desc: str = "tuning") -> SearchResult:
+    """Choose the fastest verified candidate (see the module docstring for the modes).
+
+    time_fn returns a Timing (its median is used) or microseconds; check_fn returns False or
+    raises for a wrong result. margin and limit override the mode's defaults. Raises
+    TuningError when every timed candidate failed.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown tuning mode {mode!r}: expected one of {', '.join(MODES)}")
+    if not candidates:
+        raise ValueError("search needs at least one candidate")
+    spec = MODES[mode]
+    margin = spec.margin if margin is None else margin
+    limit = spec.limit if limit is None else limit
+    stats = SearchStats(extracted=len(candidates))
+    failures: list[Failure] = []
+
+    def accepted(c: Candidate) -> bool:
+        reason = _check(check_fn, c)
+        if reason:
+            failures.append(Failure(c.schedule, "check", reason))
+        return not reason
+
+    if db is not None and key is not None:
+        entry = db.get(key)
+        known = next((c for c in candidates if c.schedule == entry.schedule), None) if entry else None
+        if known is not None and accepted(known):
+            stats.hits, stats.pruned = 1, len(candidates)
+            return SearchResult(known, entry.measured_us, "db", stats, failures)
+        stats.misses = 1  # absent, stale (not among the candidates) or wrong
+    if not spec.time:
+        stats.pruned, stats.failures = len(candidates), len(failures)
+        return SearchResult(candidates[0], None, "default", stats, failures)
+
+    ordered = sorted(candidates, key=lambda c: c.estimate_us)
+    if limit is not None:
+        stats.pruned += len(ordered) - min(limit, len(ordered))
+        ordered = ordered[:limit]
+    best: Candidate | None = None
+    best_us: float | None = None
+    for c in progress(ordered, desc=desc, quiet=quiet, unit="schedule"):
+        if margin is not None and should_prune(c.estimate_us, best_us, margin):
+            stats.pruned += 1
+            continue
+        stats.timed += 1
+        try:
+            t = time_fn(c)
+            us = t.median_us if isinstance(t, Timing) else float(t)
+        except Exception as e:  # noqa: BLE001 - any failure of a candidate only skips it
+            failures.append(Failure(c.schedule, "time", f"{type(e).__name__}: {e}"))
+            continue
+        if (best_us is None or us < best_us) and accepted(c):
+            best, best_us = c, us
+    stats.failures = len(failures)
+    if best is None:
+        shown = "; ".join(f"{f.schedule}: {f.stage} failed: {f.reason}" for f in failures[:5])
+        raise TuningError(f"no candidate of {desc!r} ran correctly ({stats}): {shown}")
+    if db is not None and key is not None:
+        db.put(key, best.schedule, best_us, {"mode": mode, "estimate_us": best.estimate_us,
+                                             "extracted": stats.extracted, "timed": stats.timed})
+    return SearchResult(best, best_us, "search", stats, failures)
+
+
+def _check(check_fn: CheckFn | None, c: Candidate) -> str:
+    """'' when c is correct (or there is no check), else the reason it is not."""
+    if check_fn is None:
+        return ""
+    try:
+        ok = check_fn(c)
+    except Exception as e:  # noqa: BLE001 - a crashing check rejects the candidate
+        return f"{type(e).__name__}: {e}"
+    return "wrong result" if ok is False else ""
+
+
+def isolated(time_fn: Callable[[Candidate], Timing | float], timeout_s: float = 60.0,
+             start_method: str | None = None) -> TimeFn:
+    """Wrap a module-level time_fn so each call runs in a child process (see measure.run_isolated).
+
+    A crash or hang of the candidate then raises CandidateFailed in the parent, which search
+    records as that candidate's failure. Candidate (with its payload) must be picklable.
+    """
+    return lambda c: run_isolated(time_fn, (c,), timeout_s=timeout_s, start_method=start_method).unwrap()
