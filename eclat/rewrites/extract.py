@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -132,38 +133,42 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list) -> float:
     return float(n)
 
 
-def costs(data: EGraphData, attrs: list) -> list[float]:
-    """Per-node costs; inf where a node cannot be typed or copies a buffer that already exists."""
-    leaves = {c for node, c in zip(data.nodes, data.node_class) if node[0] in ("Leaf", "Fill")}
+def costs(data: EGraphData, attrs: list, copy_leaves: bool = False) -> list[float]:
+    """Per-node costs; inf where a node cannot be typed or (unless copy_leaves) copies a
+    buffer that already exists."""
+    leaves = set() if copy_leaves else {c for node, c in zip(data.nodes, data.node_class)
+                                        if node[0] in ("Leaf", "Fill")}
     return [node_cost(node, data.info[c], [data.info[k] for k in kids], attrs)
             if c in data.info and all(k in data.info for k in kids)
             and not (node[0] == "Contiguous" and kids[0] in leaves) else math.inf
             for node, c, kids in zip(data.nodes, data.node_class, data.children)]
 
 
-def extract(data: EGraphData, cost: list[float], passes: int = 8) -> dict[int, int]:
-    """Greedy DAG extraction: class -> chosen node."""
+def extract(data: EGraphData, cost: list[float], max_visits: int = 20) -> dict[int, int]:
+    """Greedy DAG extraction: class -> chosen node. A worklist revisits the users of a
+    class whenever its choice improves (each node at most max_visits times)."""
+    users: dict[int, list[int]] = {}
+    for n, kids in enumerate(data.children):
+        for k in set(kids):
+            users.setdefault(k, []).append(n)
     best: dict[int, int] = {}
     best_cost: dict[int, float] = {}
     sets: dict[int, frozenset] = {}
-    for _ in range(passes):
-        changed = False
-        for n, c in enumerate(data.node_class):
-            kids = data.children[n]
-            if cost[n] == math.inf or any(k not in sets for k in kids):
-                continue
-            if len(kids) == 1:
-                union = sets[kids[0]]
-            else:
-                union = frozenset().union(*(sets[k] for k in kids)) if kids else frozenset()
-            if c in union:
-                continue  # a cycle through this class
-            total = cost[n] + sum(cost[best[k]] for k in union)
-            if total < best_cost.get(c, math.inf) - 1e-9:
-                best[c], best_cost[c], sets[c] = n, total, union | {c}
-                changed = True
-        if not changed:
-            break
+    visits = [0] * len(data.nodes)
+    work = deque(n for n, kids in enumerate(data.children) if not kids)
+    while work:
+        n = work.popleft()
+        c, kids = data.node_class[n], data.children[n]
+        if cost[n] == math.inf or visits[n] >= max_visits or any(k not in sets for k in kids):
+            continue
+        visits[n] += 1
+        union = sets[kids[0]] if len(kids) == 1 else frozenset().union(*(sets[k] for k in kids))
+        if c in union:
+            continue  # a cycle through this class
+        total = cost[n] + sum(cost[best[k]] for k in union)
+        if total < best_cost.get(c, math.inf) - 1e-9:
+            best[c], best_cost[c], sets[c] = n, total, union | {c}
+            work.extend(users.get(c, ()))
     return best
 
 
