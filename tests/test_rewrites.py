@@ -88,7 +88,7 @@ def assert_same(a: Graph, b: Graph, seed: int = 0) -> None:
 
 # --- soundness ----------------------------------------------------------------------------
 
-ALL_RULES = list({r: (rs, r) for rs in all_rulesets() for r in rs.rules}.values())  # shared rules once
+ALL_RULES = list({id(r): (rs, r) for rs in all_rulesets() for r in rs.rules}.values())  # shared rules once
 
 
 @pytest.mark.parametrize("rs,rule", ALL_RULES, ids=[f"{rs.name}/{r.name}" for rs, r in ALL_RULES])
