@@ -124,6 +124,9 @@ class TuningDB:
         except sqlite3.Error as e:
             raise TuningDBError(f"cannot open tuning database {where}: {e}") from None
         try:
+            # a cache, not a ledger: an OS crash may lose or corrupt it (then refused clearly), an
+            # application crash cannot; without fsync per put, tuning a model writes in microseconds
+            conn.execute("PRAGMA synchronous = OFF")
             self._check_or_create(conn)
         except sqlite3.DatabaseError as e:
             conn.close()

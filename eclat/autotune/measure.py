@@ -12,6 +12,7 @@ and result, except with the "fork" start method, which inherits them.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import signal
 import statistics
@@ -91,6 +92,7 @@ def default_start_method() -> str:
 
 
 def _child(conn: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    faulthandler.disable()  # a crash is reported to the parent as a reason, not as a dump on stderr
     try:
         result = fn(*args, **kwargs)
     except BaseException as e:  # noqa: BLE001 - everything is reported to the parent

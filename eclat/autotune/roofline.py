@@ -12,8 +12,6 @@ than the measured DRAM bandwidth -- so the margin is a safety factor above 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .device import Device
 
 # Prune when estimate > best_measured * DEFAULT_MARGIN. 2.0: a kernel whose working set fits in
@@ -60,14 +58,3 @@ def should_prune(estimate: float, best_measured_us: float | None, margin: float 
         raise ValueError(f"a pruning margin below 1 ({margin}) would discard candidates that can win")
     return best_measured_us is not None and estimate > best_measured_us * margin
 
-
-@dataclass
-class PruneStats:
-    """What became of the candidates of one kernel."""
-
-    extracted: int = 0  # candidates offered
-    pruned: int = 0  # not timed: roofline says they cannot win, or beyond the mode's limit
-    timed: int = 0  # built and timed (including those that then failed verification)
-
-    def __str__(self) -> str:
-        return f"{self.extracted} extracted, {self.pruned} pruned, {self.timed} timed"

@@ -1,0 +1,97 @@
+"""Device model: measured peaks are positive and plausible, cached by fingerprint, errors are clear."""
+
+import json
+import time
+
+import pytest
+
+from eclat.autotune import device as dev_mod
+from eclat.autotune.device import DeviceError, describe_devices, get_device, parse_target
+
+
+def _plausible(d):
+    assert 0.5 < d.peak_gflops["float32"] < 1e6  # GFLOP/s: from an old laptop core to a GPU
+    assert 0.5 < d.peak_gbps < 2e4  # GB/s
+    assert 0.0 < d.launch_overhead_us < 1e4
+    assert d.threads >= 1 and len(d.fingerprint) == 16
+
+
+def test_cpu_measured_then_cached(tmp_path):
+    t0 = time.perf_counter()
+    d = get_device("cpu", threads=1, cache_dir=tmp_path)
+    first = time.perf_counter() - t0
+    _plausible(d)
+    assert d.kind == "cpu" and d.threads == 1
+    assert first < 5.0  # the micro-benchmarks stay short
+    (cached,) = (tmp_path / "devices").glob("cpu-*.json")
+    assert d.fingerprint in cached.name
+    t0 = time.perf_counter()
+    again = get_device("cpu", threads=1, cache_dir=tmp_path)
+    assert time.perf_counter() - t0 < 0.1
+    assert again == d
+
+
+def test_cache_is_read_not_remeasured(tmp_path):
+    get_device("cpu", threads=1, cache_dir=tmp_path)
+    (path,) = (tmp_path / "devices").glob("cpu-*.json")
+    data = json.loads(path.read_text())
+    data["device"]["peak_gflops"] = {"float32": 1234.5}
+    path.write_text(json.dumps(data))
+    assert get_device("cpu", threads=1, cache_dir=tmp_path).peak_gflops == {"float32": 1234.5}
+    fresh = get_device("cpu", threads=1, cache_dir=tmp_path, remeasure=True)
+    assert fresh.peak_gflops["float32"] != 1234.5
+    assert get_device("cpu", threads=1, cache_dir=tmp_path) == fresh  # the new measurement replaced the file
+
+
+def test_corrupt_cache_warns_and_remeasures(tmp_path):
+    d = get_device("cpu", threads=1, cache_dir=tmp_path)
+    (path,) = (tmp_path / "devices").glob("cpu-*.json")
+    path.write_bytes(b"\x00garbage{")
+    with pytest.warns(UserWarning, match="unreadable device cache"):
+        again = get_device("cpu", threads=1, cache_dir=tmp_path)
+    _plausible(again)
+    assert again.fingerprint == d.fingerprint
+    assert json.loads(path.read_text())["device"]["fingerprint"] == d.fingerprint  # rewritten
+
+
+def test_fingerprint_depends_on_threads_and_is_stable():
+    probe = dev_mod._PROBES["cpu"]
+    assert probe.identify(0, 1)["fingerprint"] == probe.identify(0, 1)["fingerprint"]
+    assert probe.identify(0, 1)["fingerprint"] != probe.identify(0, 2)["fingerprint"]
+
+
+@pytest.mark.parametrize("target, match", [
+    ("tpu", "unknown target"), ("opencl:x", "bad device index"), ("cpu:1", "one CPU target"),
+    ("opencl:99", "no OpenCL device 99"), ("metal", "Metal"),
+])
+def test_bad_targets(target, match, tmp_path):
+    with pytest.raises(DeviceError, match=match):
+        get_device(target, cache_dir=tmp_path)
+
+
+def test_bad_threads(tmp_path):
+    with pytest.raises(DeviceError, match="threads must be a positive integer"):
+        get_device("cpu", threads=0, cache_dir=tmp_path)
+
+
+def test_parse_target():
+    assert parse_target("cpu") == ("cpu", 0)
+    assert parse_target("opencl:2") == ("opencl", 2)
+
+
+def test_describe_devices_lists_cpu_first(tmp_path):
+    rows = describe_devices(cache_dir=tmp_path, measure=False)
+    assert rows[0]["target"] == "cpu" and rows[0]["name"]
+    assert "peak_gbps" not in rows[0]  # not measured when asked not to
+
+
+def _opencl_available():
+    return bool(dev_mod._OpenCLProbe().names())
+
+
+@pytest.mark.skipif(not _opencl_available(), reason="no OpenCL device (install pocl-opencl-icd)")
+def test_opencl_measured(tmp_path):
+    d = get_device("opencl", cache_dir=tmp_path)
+    _plausible(d)
+    assert d.kind == "opencl" and d.info["compute_units"] == d.threads
+    assert get_device("opencl:0", cache_dir=tmp_path) == d  # same device, from the cache
