@@ -1,0 +1,653 @@
+"""Kernel IR -> one LLVM module: a function per kernel and one entry point.
+
+    void eclat_run(ptr slots)   slots[j] = pointer to buffer `slot_names[j]`, the arena last
+
+The entry calls every kernel in order with its buffers (temporaries are offsets into
+the arena chosen by the memory planner), so a model call is one native call.
+
+A kernel function is `void k(ptr args, i64 lo, i64 hi)`: it runs the slice [lo, hi)
+of its outermost loop, which is how the thread pool splits it. Generic kernels are
+loop nests with reductions hoisted to the loop level where their inputs are known;
+LLVM's loop and SLP vectorisers widen the inner loops. Contractions get an explicit
+register-blocked micro-kernel (MR x NR accumulators in vector registers, fma), with
+constant right-hand operands packed into NR-wide panels at compile time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+import numpy as np
+
+from ...compiler.group import ravel, terms
+from ...compiler.kernel import (
+    Buffer,
+    Const,
+    Contraction,
+    Gather,
+    Index,
+    Kernel,
+    KExpr,
+    Load,
+    Op,
+    Program,
+    Reduce,
+    as_contraction,
+    axis_vars,
+    flops,
+    free_vars,
+    loads,
+    reduces,
+)
+from ...compiler.memplan import MemoryPlan
+from ...ir.dtypes import DType
+from ...ir.symbolic import BinOp, Expr, Num, Var, evaluate
+from .mathlib import math_function
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F32, F16 = ir.FloatType(), ir.HalfType()
+PTR = ir.PointerType()
+FAST = ("reassoc", "nsz", "contract")
+KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
+PARALLEL_MIN_FLOPS = 200_000  # below this, waking threads costs more than it saves
+VECTOR = 8  # float32 lanes of an AVX2 register
+
+_REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F16,
+        DType.int32: I32, DType.int64: I64, DType.bool: I1}
+
+
+def reg_type(dt: DType) -> ir.Type:
+    return _REG[dt]
+
+
+def mem_type(dt: DType) -> ir.Type:
+    return I8 if dt is DType.bool else _REG[dt]
+
+
+def _i64(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+def _fast(v: ir.Instruction) -> ir.Instruction:
+    v.flags.extend(FAST)
+    return v
+
+
+@dataclass
+class Module:
+    """What codegen hands the JIT and the runtime."""
+
+    ir: ir.Module
+    slot_names: list[str]  # buffers passed to eclat_run, in order (arena last, as "<arena>")
+    packed: dict[str, np.ndarray]  # constant buffers made at compile time (packed weights)
+    parallel: list[str]  # kernels split across threads
+
+
+def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module:
+    mod = ir.Module(name="eclat")
+    packed: dict[str, np.ndarray] = {}
+    kernel_args: list[list[str]] = []
+    parallel: list[str] = []
+    outer: list[int] = []
+    for k in program.kernels:
+        em = _KernelEmitter(mod, k, program.buffers, packed)
+        kernel_args.append(em.arg_names)
+        outer.append(em.outer)
+        if k.schedule.threads > 1 and threads > 1 and em.outer > 1 and flops(k) >= PARALLEL_MIN_FLOPS:
+            parallel.append(k.name)
+    slot_names = [n for n, b in program.buffers.items() if b.role != "temp"] + list(packed) + ["<arena>"]
+    _entry(mod, program, plan, slot_names, kernel_args, outer, set(parallel), threads)
+    return Module(mod, slot_names, packed, parallel)
+
+
+def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[str],
+           kernel_args: list[list[str]], outer: list[int], parallel: set[str], threads: int) -> None:
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), "eclat_run")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    slot = {name: j for j, name in enumerate(slot_names)}
+    pool = None
+    if parallel:
+        pool = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I32]), "eclat_parallel")
+    ptrs: dict[str, ir.Value] = {}
+
+    def pointer(name: str) -> ir.Value:
+        if name not in ptrs:
+            if name in slot:
+                ptrs[name] = b.load(b.gep(fn.args[0], [_i64(slot[name])], source_etype=PTR), typ=PTR)
+            else:
+                arena = pointer("<arena>")
+                ptrs[name] = b.gep(arena, [_i64(plan.offsets[name])], source_etype=I8)
+        return ptrs[name]
+
+    for k, names, n in zip(program.kernels, kernel_args, outer):
+        if n == 0:
+            continue
+        args = b.alloca(PTR, size=max(len(names), 1))
+        for j, name in enumerate(names):
+            b.store(pointer(name), b.gep(args, [_i64(j)], source_etype=PTR))
+        kfn = mod.globals[k.name]
+        if k.name in parallel:
+            b.call(pool, [kfn, args, _i64(n), ir.Constant(I32, min(threads, k.schedule.threads))])
+        else:
+            b.call(kfn, [args, _i64(0), _i64(n)])
+    b.ret_void()
+
+
+class _KernelEmitter:
+    """Emits one kernel as `void name(ptr args, i64 lo, i64 hi)`."""
+
+    def __init__(self, mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer],
+                 packed: dict[str, np.ndarray]):
+        self.mod, self.k, self.buffers, self.packed = mod, kernel, buffers, packed
+        self.contraction = as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
+        names = sorted({x.buffer for x in loads(kernel.body)} | {kernel.out})
+        self.pack_name: str | None = None
+        if self.contraction is not None:
+            self.pack_name = self._pack()
+            if self.pack_name:
+                names.append(self.pack_name)
+        self.arg_names = names
+        self.fn = ir.Function(mod, KERNEL_TYPE, kernel.name)
+        self.fn.linkage = "internal"
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.layers: list[tuple[dict[str, ir.Value], dict]] = [({}, {})]
+        self.ptr = {n: self.b.load(self.b.gep(self.fn.args[0], [_i64(j)], source_etype=PTR), typ=PTR)
+                    for j, n in enumerate(names)}
+        self.fv_memo: dict = {}
+        if self.contraction is not None:
+            self.outer = self._contraction()
+        else:
+            self.outer = self._generic()
+        self.b.ret_void()
+
+    # --- scopes ---------------------------------------------------------------------------
+    def push(self) -> None:
+        self.layers.append(({}, {}))
+
+    def pop(self) -> None:
+        self.layers.pop()
+
+    def bind(self, name: str, v: ir.Value) -> None:
+        self.layers[-1][0][name] = v
+
+    def var(self, name: str) -> ir.Value:
+        for vars_, _ in reversed(self.layers):
+            if name in vars_:
+                return vars_[name]
+        raise KeyError(f"index variable {name} is not bound in kernel {self.k.name}")
+
+    def bound(self) -> set[str]:
+        return set().union(*(v.keys() for v, _ in self.layers))
+
+    def cached(self, key) -> ir.Value | None:
+        for _, memo in reversed(self.layers):
+            if key in memo:
+                return memo[key]
+        return None
+
+    def remember(self, key, v: ir.Value) -> ir.Value:
+        self.layers[-1][1][key] = v
+        return v
+
+    # --- loops ------------------------------------------------------------------------------
+    def loop(self, start: ir.Value, stop: ir.Value, inits: Sequence[ir.Value],
+             body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+        """for i in [start, stop): accs = body(i, accs); returns the final accs."""
+        b = self.b
+        pre = b.block
+        header = self.fn.append_basic_block("loop")
+        exit_ = self.fn.append_basic_block("after")
+        b.cbranch(b.icmp_signed("<", start, stop), header, exit_)
+        b.position_at_end(header)
+        i = b.phi(I64)
+        i.add_incoming(start, pre)
+        phis = []
+        for v in inits:
+            p = b.phi(v.type)
+            p.add_incoming(v, pre)
+            phis.append(p)
+        self.push()
+        new = body(i, list(phis))
+        self.pop()
+        latch = b.block
+        nxt = b.add(i, _i64(1))
+        nxt.flags.append("nsw")
+        b.cbranch(b.icmp_signed("<", nxt, stop), header, exit_)
+        i.add_incoming(nxt, latch)
+        for p, v in zip(phis, new):
+            p.add_incoming(v, latch)
+        b.position_at_end(exit_)
+        out = []
+        for init, v in zip(inits, new):
+            p = b.phi(v.type)
+            p.add_incoming(init, pre)
+            p.add_incoming(v, latch)
+            out.append(p)
+        return out
+
+    def hoist(self, candidates: list[Reduce]) -> None:
+        """Evaluate every candidate reduce whose variables are all bound now."""
+        bound = self.bound()
+        for r in candidates:
+            if free_vars(r, self.fv_memo) <= bound and self.cached(r) is None:
+                self.remember(r, self.reduce(r))
+
+    # --- generic kernels ---------------------------------------------------------------------
+    def _generic(self) -> int:
+        k = self.k
+        cands = reduces(k.body)
+        shape = k.shape
+        vars_ = axis_vars(shape)
+        if 0 in shape:
+            return 0
+        self.hoist(cands)
+        if not shape:
+            self.store(k.out, Num(0), self.emit(k.body), k.body.dtype)
+            return 1
+
+        def level(d: int, i: ir.Value, _accs: list) -> list:
+            self.bind(vars_[d].name, i)
+            self.hoist(cands)
+            if d + 1 < len(shape):
+                self.loop(_i64(0), _i64(shape[d + 1]), [], lambda i2, a: level(d + 1, i2, a))
+            else:
+                self.store(k.out, ravel(vars_, shape), self.emit(k.body), k.body.dtype)
+            return []
+
+        self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(0, i, a))
+        return shape[0]
+
+    def store(self, buf: str, index: Expr, v: ir.Value, dt: DType) -> None:
+        if dt is DType.bool:
+            v = self.b.zext(v, I8)
+        at = self.b.gep(self.ptr[buf], [self.sym(index)], inbounds=True, source_etype=mem_type(dt))
+        self.b.store(v, at)
+
+    # --- index arithmetic --------------------------------------------------------------------
+    def sym(self, e: Expr) -> ir.Value:
+        if isinstance(e, int):
+            return _i64(e)
+        if isinstance(e, Num):
+            return _i64(e.v)
+        if isinstance(e, Var):
+            return self.var(e.name)
+        key = ("sym", e)
+        hit = self.cached(key)
+        if hit is not None:
+            return hit
+        assert isinstance(e, BinOp)
+        a, c = self.sym(e.a), self.sym(e.b)
+        b = self.b
+        if e.op == "+":
+            v = b.add(a, c)
+            v.flags.append("nsw")
+        elif e.op == "*":
+            v = b.mul(a, c)
+            v.flags.append("nsw")
+        elif e.op == "//":
+            v = b.sdiv(a, c)
+        elif e.op == "%":
+            v = b.srem(a, c)
+        elif e.op == "<":
+            v = b.zext(b.icmp_signed("<", a, c), I64)
+        else:  # and
+            v = b.zext(b.and_(b.icmp_signed("!=", a, _i64(0)), b.icmp_signed("!=", c, _i64(0))), I64)
+        return self.remember(key, v)
+
+    # --- values ------------------------------------------------------------------------------
+    def emit(self, e: KExpr) -> ir.Value:
+        hit = self.cached(e)
+        if hit is not None:
+            return hit
+        b = self.b
+        if isinstance(e, Const):
+            return constant(e.value, e.dtype)
+        if isinstance(e, Index):
+            v = self.sym(e.expr)
+            out = b.icmp_signed("!=", v, _i64(0)) if e.dtype is DType.bool else cast_int(b, v, e.dtype)
+        elif isinstance(e, Load):
+            out = self.load(e.buffer, e.index, e.valid, e.dtype)
+        elif isinstance(e, Gather):
+            idx = self.emit(e.idx)
+            idx = b.sext(idx, I64) if idx.type != I64 else idx
+            idx = b.select(b.icmp_signed("<", idx, _i64(0)), _i64(0), idx)
+            idx = b.select(b.icmp_signed(">", idx, _i64(e.rows - 1)), _i64(e.rows - 1), idx)
+            flat = b.add(b.mul(idx, _i64(e.row_size)), self.sym(e.inner))
+            out = self.load_at(e.buffer, flat, e.dtype)
+        elif isinstance(e, Op):
+            out = self.op(e)
+        elif isinstance(e, Reduce):
+            out = self.reduce(e)
+        else:  # pragma: no cover
+            raise TypeError(f"not a kernel expression: {e!r}")
+        return self.remember(e, out)
+
+    def load(self, buf: str, index: Expr, valid: Expr, dt: DType) -> ir.Value:
+        if self.buffers[buf].numel == 0 or valid == Num(0):
+            return zero(dt)
+        if valid == Num(1):
+            return self.load_at(buf, self.sym(index), dt)
+        b = self.b
+        ok = b.icmp_signed("!=", self.sym(valid), _i64(0))
+        v = self.load_at(buf, b.select(ok, self.sym(index), _i64(0)), dt)
+        return b.select(ok, v, zero(dt))
+
+    def load_at(self, buf: str, flat: ir.Value, dt: DType) -> ir.Value:
+        v = self.b.load(self.b.gep(self.ptr[buf], [flat], inbounds=True, source_etype=mem_type(dt)),
+                        typ=mem_type(dt))
+        return self.b.trunc(v, I1) if dt is DType.bool else v
+
+    def op(self, e: Op) -> ir.Value:
+        b = self.b
+        if e.op == "cast":
+            return cast(b, self.emit(e.srcs[0]), e.srcs[0].dtype, e.dtype)
+        args = [self.emit(s) for s in e.srcs]
+        dt = e.srcs[0].dtype if e.op == "where" else e.dtype
+        if e.op == "where":
+            return b.select(args[0], args[1], args[2])
+        if e.op == "lt":
+            src = e.srcs[0].dtype
+            if src.is_float:
+                return b.fcmp_ordered("<", *args)
+            return (b.icmp_unsigned if src is DType.bool else b.icmp_signed)("<", *args)
+        if e.op in ("exp2", "log2", "sin"):
+            x = args[0]
+            if x.type != F32:
+                return b.fptrunc(b.call(math_function(self.mod, e.op), [b.fpext(x, F32)]), x.type)
+            return b.call(math_function(self.mod, e.op), [x])
+        if e.op == "sqrt":
+            return b.call(_intrinsic(self.mod, "llvm.sqrt", args[0].type), args)
+        if e.op == "recip":
+            return b.fdiv(ir.Constant(args[0].type, 1.0), args[0])
+        if e.op == "fma":
+            return b.call(_intrinsic(self.mod, "llvm.fmuladd", args[0].type, 3), args)
+        return binary(b, e.op, args, dt)
+
+    def reduce(self, r: Reduce) -> ir.Value:
+        cands = reduces(r.body)
+
+        def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            self.bind(r.var.name, i)
+            self.hoist(cands)
+            return [binary(self.b, "add" if r.op == "sum" else "max", [accs[0], self.emit(r.body)], r.dtype)]
+
+        return self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype)], body)[0]
+
+    # --- contractions --------------------------------------------------------------------------
+    def _pack(self) -> str | None:
+        """Pack a constant right operand into [panels, K, NR] so that each step of the
+        micro-kernel reads NR contiguous values. Returns the packed buffer's name."""
+        c, k = self.contraction, self.k
+        b = c.b
+        if not (isinstance(b, Load) and b.valid == Num(1) and self.buffers[b.buffer].role == "weight"):
+            return None
+        n_var, k_var = f"i{c.n_axis}", c.reduce.var.name
+        if not free_vars(b) <= {n_var, k_var}:
+            return None
+        nr = self.tile()[1]
+        n, kk = k.shape[c.n_axis], c.reduce.size
+        name = f"{b.buffer}_pack{nr}_{abs(hash(b.index)) % 10**8}"
+        if name not in self.packed:
+            panels = -(-n // nr)
+            cols = np.arange(panels * nr)
+            idx = evaluate(b.index, {n_var: np.minimum(cols, n - 1)[None, :], k_var: np.arange(kk)[:, None]})
+            data = np.asarray(self.buffers[b.buffer].data)[np.broadcast_to(idx, (kk, panels * nr))]
+            data = np.where(cols[None, :] < n, data, 0).astype(np.float32)
+            self.packed[name] = np.ascontiguousarray(
+                data.reshape(kk, panels, nr).transpose(1, 0, 2)).reshape(-1)
+            self.buffers[name] = Buffer(name, self.packed[name].size, DType.float32, "weight",
+                                        self.packed[name])
+        return name
+
+    def tile(self) -> tuple[int, int]:
+        """The schedule's register block, clamped to the rows and whole vectors."""
+        c, k = self.contraction, self.k
+        mr, nr = k.schedule.tile
+        m_size = k.shape[c.m_axis] if c.m_axis is not None else 1
+        return max(1, min(mr, m_size)), max(VECTOR, nr - nr % VECTOR)
+
+    def _contraction(self) -> int:
+        c: Contraction = self.contraction
+        k = self.k
+        shape = k.shape
+        if 0 in shape:
+            return 0
+        mr, nr = self.tile()
+        m_size = shape[c.m_axis] if c.m_axis is not None else 1
+        n_size, kk = shape[c.n_axis], c.reduce.size
+        panels, blocks = -(-n_size // nr), -(-m_size // mr)
+        batch = [a for a in range(len(shape)) if a not in (c.m_axis, c.n_axis)]
+        tile = self.b.alloca(F32, size=mr * nr)
+        vt = ir.VectorType(F32, VECTOR)
+        fma = _intrinsic(self.mod, "llvm.fma", vt, 3)
+        b_unit = self._unit_stride(c.b, f"i{c.n_axis}")
+
+        def micro(p: ir.Value, mb: ir.Value) -> None:
+            bb = self.b
+            n0 = bb.mul(p, _i64(nr))
+            m0 = bb.mul(mb, _i64(mr))
+            full = bb.icmp_signed("<=", bb.add(n0, _i64(nr)), _i64(n_size))
+
+            def kstep(kv: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                self.bind(c.reduce.var.name, kv)
+                bvecs = self._b_vectors(c, p, n0, kv, nr, full, b_unit, vt)
+                out = list(accs)
+                for r in range(mr):
+                    self.push()
+                    if c.m_axis is not None:
+                        row = bb.add(m0, _i64(r))
+                        last = _i64(m_size - 1)
+                        self.bind(f"i{c.m_axis}", bb.select(bb.icmp_signed(">", row, last), last, row))
+                    av = self.emit(c.a)
+                    self.pop()
+                    splat = bb.shuffle_vector(bb.insert_element(ir.Constant(vt, ir.Undefined), av, _i64(0)),
+                                              ir.Constant(vt, ir.Undefined),
+                                              ir.Constant(ir.VectorType(I32, VECTOR), [0] * VECTOR))
+                    for v in range(nr // VECTOR):
+                        j = r * (nr // VECTOR) + v
+                        out[j] = bb.call(fma, [splat, bvecs[v], accs[j]])
+                return out
+
+            zeros = [ir.Constant(vt, [0.0] * VECTOR)] * (mr * nr // VECTOR)
+            accs = self.loop(_i64(0), _i64(kk), zeros, kstep) if kk else zeros
+            for j, acc in enumerate(accs):
+                _store(bb, acc, bb.gep(tile, [_i64(j * VECTOR)], source_etype=F32))
+            self._epilogue(c, tile, m0, n0, mr, nr, m_size, n_size)
+
+        def panel(p: ir.Value, _a: list) -> list:
+            def batches(d: int, _b: list) -> list:
+                if d == len(batch):
+                    self.loop(_i64(0), _i64(blocks), [], lambda mb, _c: micro(p, mb) or [])
+                else:
+                    def inner(i: ir.Value, _c: list) -> list:
+                        self.bind(f"i{batch[d]}", i)
+                        return batches(d + 1, [])
+                    self.loop(_i64(0), _i64(shape[batch[d]]), [], inner)
+                return []
+            return batches(0, [])
+
+        self.loop(self.fn.args[1], self.fn.args[2], [], panel)
+        return panels
+
+    def _unit_stride(self, e: KExpr, n_var: str) -> bool:
+        if not (isinstance(e, Load) and e.valid == Num(1)):
+            return False
+        coefs = [c for c, a in terms(e.index) if isinstance(a, Var) and a.name == n_var]
+        return coefs == [1]
+
+    def _b_vectors(self, c: Contraction, p: ir.Value, n0: ir.Value, kv: ir.Value, nr: int,
+                   full: ir.Value, unit: bool, vt: ir.VectorType) -> list[ir.Value]:
+        """The NR values of the right operand at step k, as NR/8 vectors."""
+        bb = self.b
+        nv = nr // VECTOR
+        if self.pack_name:
+            base = bb.mul(bb.add(bb.mul(p, _i64(c.reduce.size)), kv), _i64(nr))
+            ptr = self.ptr[self.pack_name]
+            return [bb.load(bb.gep(ptr, [bb.add(base, _i64(v * VECTOR))], source_etype=F32), typ=vt, align=4)
+                    for v in range(nv)]
+        if not unit:
+            return self._b_scalar(c, n0, nr, vt)
+        # full panels: vector loads; the last partial panel: clamped scalar loads
+        with bb.if_else(full) as (then, otherwise):
+            with then:
+                self.push()
+                self.bind(f"i{c.n_axis}", n0)
+                start = self.sym(c.b.index)
+                ptr = self.ptr[c.b.buffer]
+                fast = [bb.load(bb.gep(ptr, [bb.add(start, _i64(v * VECTOR))], source_etype=F32),
+                                typ=vt, align=4) for v in range(nv)]
+                self.pop()
+                then_block = bb.block
+            with otherwise:
+                slow = self._b_scalar(c, n0, nr, vt)
+                else_block = bb.block
+        out = []
+        for fv, sv in zip(fast, slow):
+            phi = bb.phi(vt)
+            phi.add_incoming(fv, then_block)
+            phi.add_incoming(sv, else_block)
+            out.append(phi)
+        return out
+
+    def _b_scalar(self, c: Contraction, n0: ir.Value, nr: int, vt: ir.VectorType) -> list:
+        bb = self.b
+        n_size = self.k.shape[c.n_axis]
+        vecs = [ir.Constant(vt, ir.Undefined) for _ in range(nr // VECTOR)]
+        for col in range(nr):
+            self.push()
+            n = bb.add(n0, _i64(col))
+            last = _i64(n_size - 1)
+            self.bind(f"i{c.n_axis}", bb.select(bb.icmp_signed(">", n, last), last, n))
+            val = self.emit(c.b)
+            self.pop()
+            vecs[col // VECTOR] = bb.insert_element(vecs[col // VECTOR], val, _i64(col % VECTOR))
+        return vecs
+
+    def _epilogue(self, c: Contraction, tile: ir.Value, m0: ir.Value, n0: ir.Value, mr: int, nr: int,
+                  m_size: int, n_size: int) -> None:
+        bb = self.b
+        rows = bb.sub(_i64(m_size), m0)
+        rows = bb.select(bb.icmp_signed("<", rows, _i64(mr)), rows, _i64(mr))
+        cols = bb.sub(_i64(n_size), n0)
+        cols = bb.select(bb.icmp_signed("<", cols, _i64(nr)), cols, _i64(nr))
+        vars_ = axis_vars(self.k.shape)
+
+        def row(r: ir.Value, _a: list) -> list:
+            if c.m_axis is not None:
+                self.bind(f"i{c.m_axis}", bb.add(m0, r))
+
+            def col(cc: ir.Value, _b: list) -> list:
+                self.bind(f"i{c.n_axis}", bb.add(n0, cc))
+                at = bb.add(bb.mul(r, _i64(nr)), cc)
+                acc = bb.load(bb.gep(tile, [at], source_etype=F32), typ=F32)
+                self.remember(c.reduce, acc)
+                self.store(self.k.out, ravel(vars_, self.k.shape), self.emit(self.k.body), self.k.body.dtype)
+                return []
+            self.loop(_i64(0), cols, [], col)
+            return []
+        self.loop(_i64(0), rows, [], row)
+
+
+# --- scalar helpers ----------------------------------------------------------------------------
+
+def _store(b: ir.IRBuilder, v: ir.Value, ptr: ir.Value) -> None:
+    """A store through a pointer llvmlite types as float* (the IR's pointers are opaque)."""
+    st = ir.instructions.StoreInstr(b.block, v, ptr)
+    st.align = 4
+    b._insert(st)
+
+
+def _intrinsic(mod: ir.Module, base: str, ty: ir.Type, arity: int = 1) -> ir.Function:
+    suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else ("f16" if ty == F16 else "f32")
+    name = f"{base}.{suffix}"
+    fn = mod.globals.get(name)
+    if fn is None:
+        fn = ir.Function(mod, ir.FunctionType(ty, [ty] * arity), name)
+    return fn
+
+
+def constant(value, dt: DType) -> ir.Constant:
+    if dt is DType.bool:
+        return ir.Constant(I1, int(bool(value)))
+    if dt.is_float:
+        return ir.Constant(reg_type(dt), float(value))
+    return ir.Constant(reg_type(dt), int(value))
+
+
+def zero(dt: DType) -> ir.Constant:
+    return constant(0, dt)
+
+
+def identity(op: str, dt: DType) -> ir.Constant:
+    if op == "sum":
+        return zero(dt)
+    if dt.is_float:
+        return constant(-math.inf, dt)
+    if dt is DType.bool:
+        return constant(False, dt)
+    return constant(int(np.iinfo(dt.np).min), dt)
+
+
+def binary(b: ir.IRBuilder, op: str, args: list[ir.Value], dt: DType) -> ir.Value:
+    x, y = args
+    if dt is DType.bool:
+        return {"add": b.or_, "mul": b.and_, "max": b.or_}.get(op, b.xor)(x, y) if op != "mod" else \
+            ir.Constant(I1, 0)
+    if dt.is_float:
+        if op == "add":
+            return _fast(b.fadd(x, y))
+        if op == "mul":
+            return _fast(b.fmul(x, y))
+        if op == "mod":
+            return b.frem(x, y)
+        if op == "max":  # NaN-propagating, like numpy
+            t = b.select(b.fcmp_unordered(">", x, y), x, y)
+            return b.select(b.fcmp_unordered("uno", y, y), y, t)
+    else:
+        if op == "add":
+            return b.add(x, y)
+        if op == "mul":
+            return b.mul(x, y)
+        if op == "max":
+            return b.select(b.icmp_signed(">", x, y), x, y)
+        if op == "mod":  # C remainder; 0 where the divisor is 0, as the interpreter
+            zero_div = b.icmp_signed("==", y, ir.Constant(y.type, 0))
+            safe = b.select(zero_div, ir.Constant(y.type, 1), y)
+            return b.select(zero_div, ir.Constant(y.type, 0), b.srem(x, safe))
+    raise NotImplementedError(f"binary op {op} on {dt.short}")
+
+
+def cast_int(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
+    """An i64 index value as dtype dt."""
+    if dt.is_float:
+        return b.sitofp(v, reg_type(dt))
+    t = reg_type(dt)
+    return v if t == I64 else b.trunc(v, t)
+
+
+def cast(b: ir.IRBuilder, v: ir.Value, src: DType, dst: DType) -> ir.Value:
+    if src is dst or (reg_type(src) == reg_type(dst) and dst is not DType.bfloat16):
+        return v
+    if dst is DType.bool:
+        return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0)) if src.is_float else \
+            b.icmp_signed("!=", v, ir.Constant(v.type, 0))
+    t = reg_type(dst)
+    if src is DType.bool:
+        out = b.uitofp(v, t) if dst.is_float else b.zext(v, t)
+    elif src.is_float and dst.is_float:
+        out = v if v.type == t else (b.fpext(v, t) if t == F32 else b.fptrunc(v, t))
+    elif src.is_float:
+        out = b.fptosi(v, t)
+    elif dst.is_float:
+        out = b.sitofp(v, t)
+    else:
+        out = b.sext(v, t) if t.width > v.type.width else b.trunc(v, t)
+    if dst is DType.bfloat16:  # round to nearest even on the upper 16 bits, kept in a float
+        bits = b.bitcast(out, I32)
+        lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+        r = b.and_(b.add(b.add(bits, ir.Constant(I32, 0x7FFF)), lsb), ir.Constant(I32, 0xFFFF0000 - 2**32))
+        out = b.bitcast(r, F32)
+    return out

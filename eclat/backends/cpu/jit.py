@@ -1,0 +1,65 @@
+"""LLVM for the host: target machine, O3 with loop and SLP vectorisation, MCJIT."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+
+from .threads import pool_address
+
+
+@cache
+def _init() -> None:
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    address = pool_address()
+    if address is not None:
+        llvm.add_symbol("eclat_parallel", address)
+
+
+def target_machine() -> llvm.TargetMachine:
+    """The host CPU by name and features (AVX2 and FMA where present). A fresh one each
+    time: an execution engine takes ownership of the target machine it is given."""
+    _init()
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                        features=llvm.get_host_cpu_features().flatten(),
+                                        opt=3, codemodel="jitdefault")
+
+
+def host_description() -> dict:
+    return {"name": llvm.get_host_cpu_name(), "triple": llvm.get_process_triple(),
+            "features": sorted(f[1:] for f in llvm.get_host_cpu_features().flatten().split(",")
+                               if f.startswith("+") and f[1:] in ("avx", "avx2", "fma", "avx512f", "neon"))}
+
+
+def threads_available() -> bool:
+    return pool_address() is not None
+
+
+class Jitted:
+    """A compiled module; keeps the engine alive for as long as its code is used."""
+
+    def __init__(self, module: ir.Module):
+        tm = target_machine()
+        module.triple = llvm.get_process_triple()
+        module.data_layout = str(tm.target_data)
+        mod = llvm.parse_assembly(str(module))
+        mod.verify()
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pto.loop_unrolling = True
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        self.engine = llvm.create_mcjit_compiler(mod, tm)
+        self.engine.finalize_object()
+        self.llvm_module = mod
+
+    def address(self, name: str) -> int:
+        return self.engine.get_function_address(name)
+
+    def assembly(self) -> str:
+        return target_machine().emit_assembly(self.llvm_module)

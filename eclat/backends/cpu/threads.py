@@ -1,0 +1,105 @@
+"""A small blocking thread pool for generated code, written in C and built on first use.
+
+Why C and not threads in the generated LLVM: the pool is forty lines of pthreads that
+every kernel shares, and it must never spin (on shared VMs a spinning pool steals the
+cores it waits for). Workers sleep on a condition variable between calls; a call hands
+out `threads` contiguous slices of [0, n), runs one slice itself and sleeps until the
+others are done. The library is compiled once per source version into a cache folder;
+without a C compiler, kernels simply run on one thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+
+SOURCE = r"""
+#include <pthread.h>
+#include <stdint.h>
+typedef void (*kernel_t)(void *, int64_t, int64_t);
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER, call_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
+static int workers, chunks, next_chunk, pending;
+static long generation;
+static kernel_t job;
+static void *job_args;
+static int64_t job_n;
+
+/* called with mu held; returns with mu held */
+static void work(void) {
+    while (next_chunk < chunks) {
+        int c = next_chunk++;
+        int64_t lo = job_n * c / chunks, hi = job_n * (c + 1) / chunks;
+        kernel_t fn = job; void *args = job_args;
+        pthread_mutex_unlock(&mu);
+        if (lo < hi) fn(args, lo, hi);
+        pthread_mutex_lock(&mu);
+        if (--pending == 0) pthread_cond_broadcast(&done);
+    }
+}
+
+static void *worker(void *unused) {
+    long seen = 0;
+    (void)unused;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (generation == seen) pthread_cond_wait(&wake, &mu);
+        seen = generation;
+        work();
+    }
+    return 0;
+}
+
+void eclat_parallel(kernel_t fn, void *args, int64_t n, int threads) {
+    if (threads <= 1 || n <= 1) { fn(args, 0, n); return; }
+    pthread_mutex_lock(&call_mu);
+    pthread_mutex_lock(&mu);
+    while (workers < threads - 1) {
+        pthread_t t;
+        if (pthread_create(&t, 0, worker, 0) != 0) break;
+        pthread_detach(t);
+        workers++;
+    }
+    job = fn; job_args = args; job_n = n;
+    chunks = threads < n ? threads : (int)n;
+    next_chunk = 0; pending = chunks; generation++;
+    pthread_cond_broadcast(&wake);
+    work();
+    while (pending > 0) pthread_cond_wait(&done, &mu);
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&call_mu);
+}
+"""
+
+
+@cache
+def pool_address() -> int | None:
+    """Address of eclat_parallel, or None when no C compiler is available."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    tag = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    folder = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "eclat")
+    lib = os.path.join(folder, f"pool-{tag}.so")
+    if not os.path.exists(lib):
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = os.path.join(tmp, "pool.c"), os.path.join(tmp, "pool.so")
+            with open(src, "w") as f:
+                f.write(SOURCE)
+            r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-pthread", src, "-o", out],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                return None
+            os.replace(out, lib)  # atomic: concurrent builders never see half a file
+    handle = ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    _keep.append(handle)
+    return ctypes.cast(handle.eclat_parallel, ctypes.c_void_p).value
+
+
+_keep: list[ctypes.CDLL] = []

@@ -1,0 +1,294 @@
+"""Grouping: a primitive Graph becomes a Program of fused kernels.
+
+Views never copy: they fold into the index expressions of loads. Everything that is
+not materialised is inlined into the kernel of its consumer, so elementwise chains
+fuse and a reduction fuses with its prologue and epilogue. A value is materialised
+(gets a buffer and a kernel of its own) when it is an output, a `contiguous`, a
+gather table, or when inlining would recompute real work:
+
+  * redundant: it sits inside a loop it does not depend on and cannot be hoisted out
+    of (an operand of a matmul computed per output column; a column sum read per row),
+    and it is either in a reduce body, a reduce itself, or costly;
+  * shared: it is evaluated at several different points (in one kernel or several),
+    and it is a reduce or costs at least SHARE_COST operations.
+
+These rules are applied until nothing changes, outermost offenders first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import EclatError
+from ..ir.dtypes import DType
+from ..ir.graph import OPS, Graph, Node, decompose_composites
+from ..ir.symbolic import BinOp, Expr, Num, Var, as_int, bounds, floordiv, logical_and, mod, to_expr
+from ..ir.view import contiguous_strides
+from .kernel import (
+    OP_COST,
+    Buffer,
+    Const,
+    Gather,
+    Index,
+    Kernel,
+    KExpr,
+    Load,
+    Op,
+    Program,
+    Reduce,
+    axis_vars,
+    children,
+    default_schedule,
+    free_vars,
+)
+
+SHARE_COST = 12  # recompute a shared elementwise value below this many operations
+NATIVE_COMPOSITES = {"fma"}  # composite ops the kernel IR has natively
+_COMPUTE_KINDS = {"unary", "binary", "ternary", "reduce", "gather", "composite"}
+
+
+def group(graph: Graph) -> Program:
+    """Lower a primitive graph (composites allowed) to kernels over flat buffers."""
+    graph = decompose_composites(graph, keep={op for op in NATIVE_COMPOSITES if op in OPS})
+    nodes = graph.nodes()
+    for n in nodes:
+        if any(as_int(d) is None for d in n.shape):
+            raise EclatError(f"{n.op} has symbolic shape {list(n.shape)}: specialise the graph first")
+    forced = {id(n.srcs[0]) for n in nodes if n.op == "gather"}
+    forced |= {id(n) for n in nodes if n.op == "contiguous"}
+    forced |= {id(o) for o in graph.outputs}
+    chosen: set[int] = set()
+    for _ in range(64):
+        grouping = _Grouping(graph, nodes, forced | chosen)
+        extra = grouping.offenders()
+        if not extra:
+            return grouping.program()
+        chosen |= extra
+    raise EclatError("kernel grouping did not converge")  # pragma: no cover
+
+
+def terms(e: Expr) -> list[tuple[int, Expr | None]]:
+    """e as a sum of coef * atom (atom None for the constant)."""
+    if isinstance(e, Num):
+        return [(e.v, None)]
+    if isinstance(e, BinOp) and e.op == "+":
+        return terms(e.a) + terms(e.b)
+    if isinstance(e, BinOp) and e.op == "*" and isinstance(e.b, Num):
+        return [(c * e.b.v, a) for c, a in terms(e.a)]
+    return [(1, e)]
+
+
+def _sum(terms: list[tuple[int, Expr | None]]) -> Expr:
+    out: Expr = Num(0)
+    for c, a in terms:
+        out = out + (Num(c) if a is None else a * c)
+    return out
+
+
+def _div(e: Expr, s: int) -> Expr:
+    """e // s, splitting off the terms that are multiples of s."""
+    if s == 1:
+        return e
+    ts = terms(e)
+    rest = [(c, a) for c, a in ts if c % s]
+    lo, hi = bounds(_sum(rest))
+    if 0 <= lo and hi < s:
+        return _sum([(c // s, a) for c, a in ts if c % s == 0])
+    return floordiv(e, s)
+
+
+def _mod(e: Expr, n: int) -> Expr:
+    ts = [(c, a) for c, a in terms(e) if c % n]
+    rest = _sum(ts)
+    lo, hi = bounds(rest)
+    return rest if 0 <= lo and hi < n else mod(rest, n)
+
+
+def unravel(flat: Expr, shape: Sequence[int]) -> tuple[Expr, ...]:
+    """Row-major multi-index of a flat index into shape."""
+    out = []
+    for n, s in zip(shape, contiguous_strides(shape)):
+        out.append(Num(0) if n == 1 else _mod(_div(flat, s), n) if s else Num(0))
+    return tuple(out)
+
+
+def ravel(idxs: Sequence[Expr], shape: Sequence[int]) -> Expr:
+    flat: Expr = Num(0)
+    for i, s in zip(idxs, contiguous_strides(shape)):
+        flat = flat + to_expr(i) * s
+    return flat
+
+
+def _cost(e: KExpr) -> int:
+    """Elementwise operations in e, not counting reduces (they are hoisted and shared)."""
+    seen: set[int] = set()
+
+    def go(x: KExpr) -> int:
+        if id(x) in seen or isinstance(x, Reduce):
+            return 0
+        seen.add(id(x))
+        own = OP_COST.get(x.op, 1) if isinstance(x, Op) else 0
+        return own + sum(go(c) for c in children(x))
+    return go(e)
+
+
+class _Grouping:
+    """One attempt: kernels for a given set of materialised nodes."""
+
+    def __init__(self, graph: Graph, nodes: list[Node], materialised: set[int]):
+        self.graph, self.nodes = graph, nodes
+        self.topo = {id(n): k for k, n in enumerate(nodes)}
+        self.buffers: dict[str, Buffer] = {}
+        self.buf_of: dict[int, str] = {}
+        self.kernels: list[Kernel] = []
+        self.origin: dict[KExpr, Node] = {}
+        self.occurrences: dict[int, set[tuple[int, KExpr]]] = {}
+        self._memo: dict = {}
+        for k, n in enumerate(graph.inputs):
+            self._leaf_buffer(n, f"in{k}_{n.arg}" if isinstance(n.arg, str) else f"in{k}", "input")
+        for n in nodes:
+            if n.op == "weight":
+                data = np.ascontiguousarray(graph.weights[n.arg], dtype=n.dtype.np).reshape(-1)
+                self._leaf_buffer(n, f"w_{n.arg}", "weight", data)
+            elif n.op == "input" and id(n) not in self.buf_of:
+                raise EclatError(f"input {n.arg!r} is used but is not an input of the graph")
+        outs = {id(o): k for k, o in reversed(list(enumerate(graph.outputs)))}
+        self.materialised = [n for n in nodes if id(n) in materialised and n.op not in ("input", "weight")]
+        for n in self.materialised:
+            name = f"out{outs[id(n)]}" if id(n) in outs else f"t{self.topo[id(n)]}"
+            self.buffers[name] = Buffer(name, math.prod(n.shape), n.dtype,
+                                        "output" if id(n) in outs else "temp")
+            self.buf_of[id(n)] = name
+        for n in self.materialised:
+            self._kernel(n, self.buf_of[id(n)])
+        self.outputs: list[str] = []
+        for k, o in enumerate(graph.outputs):
+            name = f"out{k}"
+            if name not in self.buffers:  # a leaf or a repeated output: copy it
+                self.buffers[name] = Buffer(name, math.prod(o.shape), o.dtype, "output")
+                self._kernel(o, name, copy=True)
+            self.outputs.append(name)
+
+    def _leaf_buffer(self, n: Node, name: str, role: str, data: np.ndarray | None = None) -> None:
+        if id(n) in self.buf_of:
+            return
+        while name in self.buffers:
+            name += "_"
+        self.buffers[name] = Buffer(name, math.prod(n.shape), n.dtype, role, data)
+        self.buf_of[id(n)] = name
+
+    def _kernel(self, n: Node, out: str, copy: bool = False) -> None:
+        idxs = tuple(axis_vars(tuple(n.shape)))
+        kid = len(self.kernels)
+        self._kid = kid
+        body = self._load(n, idxs, Num(1)) if copy else self._compute(n, idxs, Num(1))
+        ops = sorted({x.op for x in self.nodes if id(x) in self._seen_nodes(kid)})
+        self.kernels.append(Kernel(f"k{kid}_{n.op}", out, tuple(int(d) for d in n.shape), body, ops=ops))
+
+    def _seen_nodes(self, kid: int) -> set[int]:
+        return {nid for nid, occ in self.occurrences.items() if any(k == kid for k, _ in occ)}
+
+    # --- values ------------------------------------------------------------------------
+    def value(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
+        """The element of n at idxs; loads are guarded by `guard` (a mask above us)."""
+        if id(n) in self.buf_of:
+            return self._load(n, idxs, guard)
+        return self._compute(n, idxs, guard)
+
+    def _load(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
+        if n.op in ("input", "weight") or id(n) in self.buf_of:
+            return Load(self.buf_of[id(n)], ravel(idxs, n.shape), guard, n.dtype)
+        return self._compute(n, idxs, guard)
+
+    def _compute(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
+        key = (id(n), idxs, guard)
+        if key in self._memo:
+            out = self._memo[key]
+        else:
+            out = self._memo[key] = self._build(n, idxs, guard)
+        if n.kind in _COMPUTE_KINDS:
+            self.origin.setdefault(out, n)
+            self.occurrences.setdefault(id(n), set()).add((self._kid, out))
+        return out
+
+    def _build(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
+        kind = n.kind
+        if n.op in ("input", "weight"):
+            return self._load(n, idxs, guard)
+        if n.op == "const":
+            return Const(n.arg[0], n.dtype)
+        if n.op == "iota":
+            return Index(idxs[0], n.dtype)
+        if kind == "view":
+            v = n.arg
+            flat, valid = v.index(idxs)
+            src = n.srcs[0]
+            inner = logical_and(guard, valid)
+            x = self.value(src, unravel(flat, [int(d) for d in src.shape]), inner)
+            if to_expr(valid) == Num(1) or isinstance(x, Load):
+                return x
+            return Op("where", (Index(valid, DType.bool), x, Const(0, n.dtype)), n.dtype)
+        if kind in ("unary", "binary", "ternary", "composite"):
+            srcs = tuple(self.value(s, idxs, guard) for s in n.srcs)
+            return Op(n.op, srcs, n.dtype)
+        if kind == "reduce":
+            axis = n.arg
+            size = int(n.srcs[0].shape[axis])
+            var = Var(f"r{self.topo[id(n)]}", 0, max(size - 1, 0))
+            body = self.value(n.srcs[0], idxs[:axis] + (var,) + idxs[axis:], guard)
+            return Reduce(n.op, size, var, body, n.dtype)
+        if kind == "gather":
+            table, idx = n.srcs
+            k = len(idx.shape)
+            rows = int(table.shape[0])
+            row_shape = [int(d) for d in table.shape[1:]]
+            inner = ravel(idxs[k:], row_shape)
+            return Gather(self.buf_of[id(table)], self.value(idx, idxs[:k], guard), rows,
+                          math.prod(row_shape), inner if guard == Num(1) else inner * guard, n.dtype)
+        if kind == "contiguous":
+            return self.value(n.srcs[0], idxs, guard)
+        raise EclatError(f"no kernel lowering for op {n.op!r} (kind {kind})")
+
+    # --- materialisation decisions -----------------------------------------------------------
+    def offenders(self) -> set[int]:
+        """Graph nodes to materialise next: the outermost redundant or costly shared values."""
+        shared = {nid for nid, occ in self.occurrences.items() if len(occ) > 1}
+        out: set[int] = set()
+        sizes: dict[str, int] = {}
+        for k in self.kernels:
+            sizes.update({f"i{a}": d for a, d in enumerate(k.shape)})
+            self._offenders(k.body, tuple(f"i{a}" for a in range(len(k.shape))), False,
+                            sizes, shared, out, set(), {})
+        return out
+
+    def _offenders(self, x: KExpr, loops: tuple[str, ...], in_reduce: bool, sizes: dict[str, int],
+                   shared: set[int], out: set[int], seen: set, fv_memo: dict) -> None:
+        if (x, loops) in seen:
+            return
+        seen.add((x, loops))
+        n = self.origin.get(x)
+        if n is not None and id(n) not in self.buf_of:
+            fv = free_vars(x, fv_memo)
+            deepest = max((p for p, v in enumerate(loops) if v in fv), default=-1)
+            factor = math.prod(sizes[v] for v in loops[:deepest] if v not in fv)
+            costly = isinstance(x, Reduce) or _cost(x) >= SHARE_COST
+            if (factor > 1 and (in_reduce or costly)) or (id(n) in shared and costly):
+                out.add(id(n))
+                return
+        if isinstance(x, Reduce):
+            sizes[x.var.name] = x.size
+            self._offenders(x.body, loops + (x.var.name,), True, sizes, shared, out, seen, fv_memo)
+        else:
+            for c in children(x):
+                self._offenders(c, loops, in_reduce, sizes, shared, out, seen, fv_memo)
+
+    def program(self) -> Program:
+        for k in self.kernels:
+            k.schedule = default_schedule(k)
+        ins = [self.buf_of[id(n)] for n in self.graph.inputs]
+        return Program(self.buffers, self.kernels, ins, self.outputs,
+                       [tuple(int(d) for d in n.shape) for n in self.graph.inputs],
+                       [tuple(int(d) for d in n.shape) for n in self.graph.outputs])

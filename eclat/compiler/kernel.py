@@ -1,0 +1,327 @@
+"""The kernel IR: what every backend renders. Backend neutral, small, documented.
+
+A `Program` is a list of `Buffer`s and a list of `Kernel`s run in order.
+
+Buffer
+    name, numel, dtype and role: "input" (a runtime argument), "weight" (a constant
+    owned by the compiled model, with its data), "temp" (placed by the memory planner)
+    or "output" (handed back to the caller). Every buffer is a flat, dense array.
+
+Kernel
+    writes ONE output buffer, element by element, over an iteration space `shape`
+    (row-major, output element (i0..in) goes to flat index sum(i_k * stride_k) of a
+    contiguous layout of `shape`). The axis variables are `axis_vars(kernel)`: Var
+    "i0".."in" with bounds. The element value is the expression tree `body`:
+
+    Const(value, dtype)                 a scalar
+    Index(expr, dtype)                  the integer value of a symbolic index expression
+    Load(buffer, index, valid, dtype)   buffer[index] where `valid` != 0, else 0. `index`
+                                        and `valid` are symbolic expressions (eclat.ir.symbolic)
+                                        over the axis and reduce variables; they are what
+                                        View.index produced, composed through fused producers.
+    Gather(buffer, idx, rows, row_size, inner, dtype)
+                                        buffer[clamp(idx, 0, rows-1) * row_size + inner]:
+                                        an indexed load whose row is a computed value.
+    Op(op, srcs, dtype)                 a primitive of eclat.ir.graph.OPS (unary, binary,
+                                        ternary) or "fma" (a*b+c), applied elementwise
+    Reduce(op, size, var, body, dtype)  op ("sum" | "max_reduce") of `body` over
+                                        var = 0..size-1; the identity for size 0
+
+    A Reduce whose free variables do not include the inner output axes is hoisted: it is
+    evaluated once, as soon as every variable it depends on is bound (so a softmax or
+    layer-norm row is one kernel: per row, its reductions once, then the elementwise
+    output). Equal subtrees are equal values (dataclasses compare structurally), which
+    is how a backend shares them.
+
+Schedules are data (`Schedule`); `default_schedule` needs no tuning and
+`schedule_space` lists the alternatives an autotuner times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..ir.dtypes import DType
+from ..ir.symbolic import Expr, Var, as_int, variables
+
+# --- buffers ----------------------------------------------------------------------------
+
+ROLES = ("input", "weight", "temp", "output")
+
+
+@dataclass
+class Buffer:
+    name: str
+    numel: int
+    dtype: DType
+    role: str
+    data: np.ndarray | None = None  # weights only: the flat constant contents
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"buffer {self.name}: role {self.role!r} is not one of {ROLES}")
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.np.itemsize
+
+
+# --- expressions --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Const:
+    value: Any
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Index:
+    expr: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Load:
+    buffer: str
+    index: Expr
+    valid: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Gather:
+    buffer: str
+    idx: KExpr
+    rows: int
+    row_size: int
+    inner: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Op:
+    op: str
+    srcs: tuple[KExpr, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Reduce:
+    op: str
+    size: int
+    var: Var
+    body: KExpr
+    dtype: DType
+
+
+KExpr = Const | Index | Load | Gather | Op | Reduce
+
+# Rough costs in scalar operations, for fusion decisions and flop counts.
+OP_COST = {"exp2": 8, "log2": 8, "sin": 8, "sqrt": 4, "recip": 4, "fma": 2, "cast": 0}
+
+
+def children(e: KExpr) -> tuple[KExpr, ...]:
+    if isinstance(e, Op):
+        return e.srcs
+    if isinstance(e, Reduce):
+        return (e.body,)
+    if isinstance(e, Gather):
+        return (e.idx,)
+    return ()
+
+
+def free_vars(e: KExpr, _memo: dict | None = None) -> frozenset[str]:
+    """Names of the index variables e depends on (its own reduce variables excluded)."""
+    memo = {} if _memo is None else _memo
+    key = id(e)
+    if key in memo:
+        return memo[key][1]
+    if isinstance(e, Load):
+        out = frozenset(variables(e.index) | variables(e.valid))
+    elif isinstance(e, Index):
+        out = frozenset(variables(e.expr))
+    elif isinstance(e, Gather):
+        out = free_vars(e.idx, memo) | variables(e.inner)
+    elif isinstance(e, Reduce):
+        out = free_vars(e.body, memo) - {e.var.name}
+    else:
+        out = frozenset().union(*(free_vars(s, memo) for s in children(e))) if children(e) else frozenset()
+    memo[key] = (e, out)  # keep e alive so its id stays unique
+    return out
+
+
+def walk(e: KExpr) -> list[KExpr]:
+    """Distinct subexpressions of e, children before parents."""
+    seen: set[KExpr] = set()
+    order: list[KExpr] = []
+
+    def go(x: KExpr) -> None:
+        if x in seen:
+            return
+        seen.add(x)
+        for c in children(x):
+            go(c)
+        order.append(x)
+    go(e)
+    return order
+
+
+def reduces(e: KExpr) -> list[Reduce]:
+    return [x for x in walk(e) if isinstance(x, Reduce)]
+
+
+def loads(e: KExpr) -> list[Load | Gather]:
+    return [x for x in walk(e) if isinstance(x, (Load, Gather))]
+
+
+# --- schedules ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a kernel's loops run. Backends read the fields that apply to them.
+
+    tile: register block for contraction kernels (MR rows x NR columns of the output);
+    vector: SIMD width in elements; unroll: inner-loop unroll hint; threads: how many
+    threads split the outermost parallel loop; split: reduce split factor (GPU);
+    order: permutation of the output axes (outermost first)."""
+
+    order: tuple[int, ...] = ()
+    tile: tuple[int, int] = (1, 1)
+    vector: int = 8
+    unroll: int = 1
+    split: int = 1
+    threads: int = 1
+
+
+@dataclass
+class Kernel:
+    name: str
+    out: str
+    shape: tuple[int, ...]
+    body: KExpr
+    schedule: Schedule = field(default_factory=Schedule)
+    ops: list[str] = field(default_factory=list)  # the graph ops fused into it, for reports
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class Program:
+    buffers: dict[str, Buffer]
+    kernels: list[Kernel]
+    inputs: list[str]
+    outputs: list[str]
+    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    output_shapes: list[tuple[int, ...]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"buffer {b.name}: {b.role} {b.dtype.short}[{b.numel}]" for b in self.buffers.values()]
+        lines += [f"kernel {k.name} -> {k.out} over {list(k.shape)}: {k.body}" for k in self.kernels]
+        return "\n".join(lines)
+
+
+def axis_vars(shape: tuple[int, ...]) -> list[Var]:
+    return [Var(f"i{k}", 0, max(n - 1, 0)) for k, n in enumerate(shape)]
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """A kernel whose body is epilogue(sum_k a * b): a is the operand without the
+    column axis n (the last output axis), b the one without the row axis m."""
+
+    reduce: Reduce
+    a: KExpr
+    b: KExpr
+    m_axis: int | None  # None: no row axis (a matrix-vector product)
+    n_axis: int
+
+
+def as_contraction(kernel: Kernel) -> Contraction | None:
+    """Recognise a register-blockable contraction: exactly one Reduce, a sum whose body
+    is a product, the last output axis read only by one factor, and no other reduce."""
+    rs = reduces(kernel.body)
+    if len(rs) != 1 or rs[0].op != "sum" or not kernel.shape:
+        return None
+    r = rs[0]
+    body = r.body
+    if not (isinstance(body, Op) and body.op == "mul") or not body.dtype.is_float:
+        return None
+    n_axis = len(kernel.shape) - 1
+    n = f"i{n_axis}"
+    f0, f1 = free_vars(body.srcs[0]), free_vars(body.srcs[1])
+    if n in f0 and n not in f1:
+        b, a = body.srcs
+        fa, fb = f1, f0
+    elif n in f1 and n not in f0:
+        a, b = body.srcs
+        fa, fb = f0, f1
+    else:
+        return None
+    if any(reduces(x) for x in (a, b)) or r.var.name not in fa | fb:
+        return None
+    m_axis = None
+    for k in reversed(range(n_axis)):
+        if f"i{k}" in fa and f"i{k}" not in fb and as_int(kernel.shape[k]) != 1:
+            m_axis = k
+            break
+    return Contraction(r, a, b, m_axis, n_axis)
+
+
+def default_schedule(kernel: Kernel, threads: int = 1) -> Schedule:
+    c = as_contraction(kernel)
+    if c is None:
+        return Schedule(threads=threads)
+    m = kernel.shape[c.m_axis] if c.m_axis is not None else 1
+    if m < 4:  # matrix-vector: wide columns, one row
+        return Schedule(tile=(max(m, 1), 32), threads=threads)
+    return Schedule(tile=(6, 16), threads=threads)
+
+
+def schedule_space(kernel: Kernel, threads: int = 1) -> list[Schedule]:
+    """The schedules worth timing for kernel (the default first)."""
+    base = default_schedule(kernel, threads)
+    c = as_contraction(kernel)
+    out = [base]
+    if c is not None:
+        m = kernel.shape[c.m_axis] if c.m_axis is not None else 1
+        tiles = [(1, 32), (1, 64)] if m < 4 else [(4, 16), (6, 16), (8, 8), (4, 24), (3, 32), (2, 32)]
+        out += [replace(base, tile=t, unroll=u) for t in tiles for u in (1, 4)]
+    else:
+        out += [replace(base, vector=v) for v in (4, 16)]
+    if threads > 1:
+        out += [replace(s, threads=1) for s in list(out)]
+    seen: list[Schedule] = []
+    for s in out:
+        if s not in seen:
+            seen.append(s)
+    return seen
+
+
+# --- estimates --------------------------------------------------------------------------------
+
+def flops(kernel: Kernel) -> int:
+    """Scalar operations per run. A node runs once per value of its free variables,
+    which is exactly what hoisting achieves."""
+    sizes = {f"i{k}": n for k, n in enumerate(kernel.shape)}
+    sizes.update({r.var.name: r.size for r in reduces(kernel.body)})
+    memo: dict = {}
+    total = 0
+    for x in walk(kernel.body):
+        reps = math.prod(sizes[v] for v in free_vars(x, memo))
+        if isinstance(x, Op):
+            total += OP_COST.get(x.op, 1) * reps
+        elif isinstance(x, Reduce):
+            total += x.size * reps
+    return total
+
+
+def bytes_moved(kernel: Kernel, buffers: dict[str, Buffer]) -> int:
+    """Bytes of every distinct buffer read once plus the output written."""
+    read = {x.buffer for x in loads(kernel.body)}
+    return sum(buffers[b].nbytes for b in read) + buffers[kernel.out].nbytes
