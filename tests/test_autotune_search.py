@@ -152,7 +152,7 @@ def test_pruning_never_loses_the_winner_when_estimates_are_within_the_margin(cas
     assert fast.stats.timed + fast.stats.pruned == len(cs)
 
 
-# isolation: a module-level time function, so the forkserver child can import it
+# isolation (fork here: forkserver and spawn are covered in test_autotune_measure.py)
 def _time_in_child(c):
     if c.payload == "segfault":
         ctypes.string_at(0)
@@ -161,7 +161,8 @@ def _time_in_child(c):
 
 def test_isolated_search_survives_a_segfaulting_candidate():
     cs = [Candidate({"i": 0}, 1.0, "segfault"), Candidate({"i": 1}, 2.0, 5.0), Candidate({"i": 2}, 3.0, 7.0)]
-    r = search(cs, time_fn=isolated(_time_in_child, timeout_s=20), mode="full", quiet=True)
+    time_fn = isolated(_time_in_child, timeout_s=20, start_method="fork")
+    r = search(cs, time_fn=time_fn, mode="full", quiet=True)
     assert r.winner.schedule == {"i": 1} and r.measured_us == 5.0
     assert r.failures[0].reason == "CandidateFailed: crashed with signal 11 (SIGSEGV)"
 
