@@ -63,20 +63,24 @@ def read_egraph(egraph: eb.EGraph, attrs: list) -> EGraphData:
 
 
 def _infer_types(data: EGraphData, attrs: list) -> None:
-    pending = list(range(len(data.nodes)))
-    while pending:
-        rest = []
-        for n in pending:
-            if data.node_class[n] in data.info:
-                continue
-            if any(c not in data.info for c in data.children[n]):
-                rest.append(n)
-                continue
-            data.info[data.node_class[n]] = _type_of(data.nodes[n], [data.info[c] for c in data.children[n]],
-                                                     attrs)
-        if len(rest) == len(pending):
-            break  # classes only reachable through cycles: never extracted
-        pending = rest
+    """Shape and dtype of every class reachable from leaves, by a worklist over users."""
+    users = _users(data)
+    work = deque(n for n, kids in enumerate(data.children) if not kids)
+    while work:
+        n = work.popleft()
+        c = data.node_class[n]
+        if c in data.info or any(k not in data.info for k in data.children[n]):
+            continue
+        data.info[c] = _type_of(data.nodes[n], [data.info[k] for k in data.children[n]], attrs)
+        work.extend(users.get(c, ()))
+
+
+def _users(data: EGraphData) -> dict[int, list[int]]:
+    users: dict[int, list[int]] = {}
+    for n, kids in enumerate(data.children):
+        for k in set(kids):
+            users.setdefault(k, []).append(n)
+    return users
 
 
 def _type_of(node: tuple, kids: list, attrs: list) -> tuple[tuple, DType]:
@@ -144,16 +148,13 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False) -> list[floa
             for node, c, kids in zip(data.nodes, data.node_class, data.children)]
 
 
-def extract(data: EGraphData, cost: list[float], max_visits: int = 20) -> dict[int, int]:
-    """Greedy DAG extraction: class -> chosen node. A worklist revisits the users of a
-    class whenever its choice improves (each node at most max_visits times)."""
-    users: dict[int, list[int]] = {}
-    for n, kids in enumerate(data.children):
-        for k in set(kids):
-            users.setdefault(k, []).append(n)
+def extract(data: EGraphData, cost: list[float], max_visits: int = 4) -> dict[int, int]:
+    """Greedy DAG extraction: class -> chosen node. Sub-DAGs are bitsets of classes (Python
+    ints); a worklist revisits the users of a class whenever its choice improves."""
+    users = _users(data)
     best: dict[int, int] = {}
     best_cost: dict[int, float] = {}
-    sets: dict[int, frozenset] = {}
+    sets: dict[int, int] = {}
     visits = [0] * len(data.nodes)
     work = deque(n for n, kids in enumerate(data.children) if not kids)
     while work:
@@ -162,12 +163,25 @@ def extract(data: EGraphData, cost: list[float], max_visits: int = 20) -> dict[i
         if cost[n] == math.inf or visits[n] >= max_visits or any(k not in sets for k in kids):
             continue
         visits[n] += 1
-        union = sets[kids[0]] if len(kids) == 1 else frozenset().union(*(sets[k] for k in kids))
-        if c in union:
+        total, union = cost[n], 0
+        if kids:
+            # the largest child sub-DAG is paid as a whole; the others only for what they add
+            big = max(kids, key=lambda k: best_cost[k])
+            union = sets[big]
+            extra = 0
+            for k in kids:
+                extra |= sets[k]
+            extra &= ~union
+            union |= extra
+            total += best_cost[big]
+            while extra:
+                low = extra & -extra
+                total += cost[best[low.bit_length() - 1]]
+                extra ^= low
+        if union >> c & 1:
             continue  # a cycle through this class
-        total = cost[n] + sum(cost[best[k]] for k in union)
         if total < best_cost.get(c, math.inf) - 1e-9:
-            best[c], best_cost[c], sets[c] = n, total, union | {c}
+            best[c], best_cost[c], sets[c] = n, total, union | (1 << c)
             work.extend(users.get(c, ()))
     return best
 

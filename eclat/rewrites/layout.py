@@ -8,7 +8,6 @@ import numpy as np
 from ..ir import graph as g
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
-from ..ir.interpreter import read_view
 from ..ir.symbolic import as_int
 from ..ir.view import View
 from .lang import Rule, RuleSet
@@ -29,6 +28,12 @@ def is_permutation(v: View, numel: int) -> bool:
     return acc == numel
 
 
+def _laid_out(array: np.ndarray, v: View) -> np.ndarray:
+    flat = np.ascontiguousarray(array).reshape(-1)
+    strides = [int(s) * flat.itemsize for s in v.strides]
+    return np.ascontiguousarray(np.lib.stride_tricks.as_strided(flat, [int(n) for n in v.shape], strides))
+
+
 def fill_layout(enc) -> list[tuple[str, tuple[int, ...], int]]:
     """laid(weight, view) = a new weight holding the view's elements contiguously."""
     weights = [(i, n) for i, n in enumerate(enc.attrs)
@@ -43,7 +48,7 @@ def fill_layout(enc) -> list[tuple[str, tuple[int, ...], int]]:
         for vi, v in by_numel.get(array.size, []):
             if is_permutation(v, array.size):
                 name = f"{w.arg}.laid{vi}"
-                enc.new_weights[name] = lambda a=array, v=v: np.ascontiguousarray(read_view(a.reshape(-1), v))
+                enc.new_weights[name] = lambda a=array, v=v: _laid_out(a, v)
                 out.append(("laid", (wi, vi), enc.leaf_id(Node("weight", (), name, v.shape, w.dtype))))
     return out
 
