@@ -1,6 +1,7 @@
 """Search driver with fake candidates whose times and correctness the test controls."""
 
 import ctypes
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -171,3 +172,18 @@ def test_progress_quiet_rules():
     assert progress(range(3), quiet=True).disable
     assert not progress(range(3), quiet=False).disable
     assert is_quiet(None)  # under pytest stderr is captured, not a terminal
+
+
+@dataclass(frozen=True)
+class Sched:  # like compiler.kernel.Schedule: a frozen dataclass with tuples
+    tile: tuple[int, int] = (1, 1)
+    threads: int = 1
+
+
+def test_dataclass_schedules_round_trip_through_the_database(tmp_path):
+    cs = [Candidate(Sched((6, 16)), 1.0, (9, True)), Candidate(Sched((8, 8)), 2.0, (4, True))]
+    with TuningDB(tmp_path / "t.db") as db:
+        search(cs, time_fn=lambda c: c.payload[0], mode="full", db=db, key=KEY, quiet=True)
+        assert db.get(KEY).schedule == {"tile": [8, 8], "threads": 1}  # JSON: lists
+        again = search(cs, time_fn=Bench().time, mode="fast", db=db, key=KEY)
+        assert again.source == "db" and again.winner.schedule == Sched((8, 8))  # the candidate's own object

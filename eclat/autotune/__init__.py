@@ -15,7 +15,7 @@ _EXPORTS = {
     "should_prune": "roofline", "DEFAULT_MARGIN": "roofline",
     "Timing": "measure", "measure": "measure", "run_isolated": "measure", "Outcome": "measure",
     "CandidateFailed": "measure",
-    "TuningDB": "db", "TuningKey": "db", "TuningDBError": "db", "merge": "db",
+    "TuningDB": "db", "TuningKey": "db", "TuningDBError": "db", "merge": "db", "schedule_json": "db",
     "Candidate": "search", "SearchResult": "search", "SearchStats": "search", "TuningError": "search",
     "search": "search", "isolated": "search",
     "progress": "progress",

@@ -13,6 +13,7 @@ replaced by an in-memory database after a warning, so that compiling still works
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import numbers
 import os
@@ -57,6 +58,20 @@ def shapes_text(shapes: Any) -> str:
     return shapes if isinstance(shapes, str) else json.dumps(norm(shapes), separators=(",", ":"))
 
 
+def schedule_json(schedule: Any) -> str:
+    """Canonical JSON of a schedule: a dict, or a dataclass such as compiler.kernel.Schedule.
+
+    Tuples become lists, so a schedule read back from the database (a dict of lists) has the
+    same text as the dataclass it was stored from: compare schedules by this text.
+    """
+    if dataclasses.is_dataclass(schedule) and not isinstance(schedule, type):
+        schedule = dataclasses.asdict(schedule)
+    try:
+        return json.dumps(schedule, sort_keys=True)
+    except TypeError as e:
+        raise ValueError(f"a schedule must be JSON-serialisable: {e}") from None
+
+
 @dataclass(frozen=True)
 class TuningKey:
     """What a tuned schedule is valid for. shapes is canonical text (see TuningKey.make)."""
@@ -77,7 +92,7 @@ class TuningKey:
 @dataclass(frozen=True)
 class Entry:
     key: TuningKey
-    schedule: dict[str, Any]
+    schedule: dict[str, Any]  # as JSON gives it back: a dataclass schedule comes back as a dict of lists
     measured_us: float
     meta: dict[str, Any] = field(default_factory=dict)
     updated: float = 0.0  # unix time of the measurement
@@ -177,15 +192,19 @@ class TuningDB:
         schedule, measured_us, meta, updated = rows[0]
         return Entry(key, json.loads(schedule), measured_us, json.loads(meta), updated)
 
-    def put(self, key: TuningKey, schedule: dict[str, Any], measured_us: float,
+    def put(self, key: TuningKey, schedule: Any, measured_us: float,
             meta: dict[str, Any] | None = None, *, keep_faster: bool = False) -> None:
-        """Record the schedule for key. keep_faster: leave an existing faster entry in place."""
+        """Record schedule (a dict or dataclass, see schedule_json) for key.
+
+        keep_faster: leave an existing faster entry in place.
+        """
         if not measured_us >= 0:  # also refuses NaN
             raise ValueError(f"measured_us must be a time >= 0, got {measured_us}")
+        text = schedule_json(schedule)
         try:
-            text, meta_text = json.dumps(schedule, sort_keys=True), json.dumps(meta or {}, sort_keys=True)
+            meta_text = json.dumps(meta or {}, sort_keys=True)
         except TypeError as e:
-            raise ValueError(f"schedule and meta must be JSON-serialisable: {e}") from None
+            raise ValueError(f"meta must be JSON-serialisable: {e}") from None
         self._upsert([(*_key_tuple(key), text, float(measured_us), meta_text, time.time())], keep_faster)
 
     def _upsert(self, rows: list[tuple], keep_faster: bool) -> None:

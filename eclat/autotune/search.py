@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import EclatError
-from .db import TuningDB, TuningKey
+from .db import TuningDB, TuningKey, schedule_json
 from .measure import Timing, run_isolated
 from .progress import progress
 from .roofline import DEFAULT_MARGIN, should_prune
@@ -54,16 +54,17 @@ class TuningError(EclatError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run a kernel. schedule is what the database stores (JSON); payload is the caller's."""
+    """One way to run a kernel. schedule (a dict or a dataclass) is what the database stores as JSON;
+    payload is the caller's (e.g. the kernel to build)."""
 
-    schedule: dict[str, Any]
+    schedule: Any
     estimate_us: float
     payload: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class Failure:
-    schedule: dict[str, Any]
+    schedule: Any
     stage: str  # "time" or "check"
     reason: str
 
@@ -129,7 +130,8 @@ def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckF
 
     if db is not None and key is not None:
         entry = db.get(key)
-        known = next((c for c in candidates if c.schedule == entry.schedule), None) if entry else None
+        text = schedule_json(entry.schedule) if entry else None
+        known = next((c for c in candidates if schedule_json(c.schedule) == text), None)
         if known is not None and accepted(known):
             stats.hits, stats.pruned = 1, len(candidates)
             return SearchResult(known, entry.measured_us, "db", stats, failures)
