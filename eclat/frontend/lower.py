@@ -1,0 +1,194 @@
+"""torch.nn.Module -> primitive Graph: torch.export, core ATen decompositions, then one
+walk over the FX graph that applies the lowering table in `ops.py` node by node."""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sympy
+import torch
+from torch.export.graph_signature import InputKind
+
+from eclat.errors import ExportError, UnsupportedOpError
+from eclat.ir import graph as g
+from eclat.ir.dtypes import DType
+from eclat.ir.graph import Graph, Node
+from eclat.ir.symbolic import Expr, Var, as_int, sint, to_expr
+
+TORCH_DTYPES = {torch.float32: DType.float32, torch.float16: DType.float16,
+                torch.bfloat16: DType.bfloat16, torch.int32: DType.int32, torch.int64: DType.int64,
+                torch.bool: DType.bool}
+
+
+def ir_dtype(dtype: torch.dtype, what: str = "tensor") -> DType:
+    if dtype not in TORCH_DTYPES:
+        raise TypeError(f"{what} has dtype {dtype}, which eclat does not support "
+                        f"(supported: {', '.join(str(d) for d in TORCH_DTYPES)})")
+    return TORCH_DTYPES[dtype]
+
+
+@dataclass
+class Ctx:
+    """What a lowering may need beyond its arguments: the output FX node's meta
+    (shape and dtype as the IR spells them) and a way to add constant tensors."""
+    weights: dict[str, np.ndarray]
+    symbols: dict[str, Var] = field(default_factory=dict)
+    out_shape: tuple[sint, ...] = ()  # of the node's (first) tensor result
+    out_dtype: DType | None = None
+
+    def constant(self, array: np.ndarray) -> Node:
+        """A constant tensor made by the frontend (e.g. adaptive pooling weights)."""
+        name = f"_frontend_const{len([k for k in self.weights if k.startswith('_frontend_const')])}"
+        self.weights[name] = array
+        return g.weight(name, array, TORCH_DTYPES[torch.from_numpy(array).dtype])
+
+    def sym(self, x: Any) -> sint:
+        """A torch SymInt / sympy expression / int as an IR size."""
+        if isinstance(x, torch.SymInt):
+            x = x.node.expr
+        if isinstance(x, (int, np.integer)):
+            return int(x)
+        return _from_sympy(x, self.symbols)
+
+
+def _from_sympy(e: sympy.Expr, symbols: dict[str, Var]) -> sint:
+    if e.is_Integer:
+        return int(e)
+    if e.is_Symbol:
+        if e.name not in symbols:
+            symbols[e.name] = Var(e.name, 0, 2**31 - 1)
+        return symbols[e.name]
+    args = [to_expr(_from_sympy(a, symbols)) for a in e.args]
+    name = type(e).__name__
+    combine: dict[str, Callable[[Expr, Expr], Expr]] = {
+        "Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv,
+        "Mod": operator.mod, "PythonMod": operator.mod}
+    if name not in combine:
+        raise UnsupportedOpError(f"symbolic size {e}", detail=f"sympy {name} is not supported")
+    out = args[0]
+    for a in args[1:]:
+        out = combine[name](out, a)
+    return as_int(out) if as_int(out) is not None else out
+
+
+def source_line(node: torch.fx.Node) -> str | None:
+    """'file.py:LINE in fn: code' for the innermost frame outside torch itself."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    if not frames:
+        return None
+    user = [f for f in frames if f"{os.sep}torch{os.sep}" not in f[0]] or frames
+    path, line, fn, code = user[-1]
+    return f"{os.path.basename(path)}:{line} in {fn}: {code.strip()}"
+
+
+def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any = None
+           ) -> torch.export.ExportedProgram:
+    try:
+        ep = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+        return ep.run_decompositions()
+    except Exception as e:  # torch raises many types; all mean "could not export"
+        raise ExportError(f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}") from e
+
+
+def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any = None) -> Graph:
+    """Lower model's forward pass on example_inputs to a primitive Graph."""
+    from .ops import LOWERINGS, convert_output
+
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
+    ep = export(model, example_inputs, dynamic_shapes)
+    weights: dict[str, np.ndarray] = {}
+    ctx = Ctx(weights)
+    for name, r in ep.range_constraints.items():
+        hi = r.upper if r.upper.is_finite else 2**31 - 1
+        ctx.symbols[str(name)] = Var(str(name), int(r.lower), int(hi))
+    specs = {s.arg.name: s for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
+    env: dict[torch.fx.Node, Any] = {}
+    inputs: list[Node] = []
+    outputs: list[Node] = []
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            env[node] = _placeholder(ep, ctx, node, specs[node.name], val, inputs)
+        elif node.op == "call_function":
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
+            fn = LOWERINGS.get(node.target)
+            if fn is None:
+                raise UnsupportedOpError(_op_name(node.target), source_line(node))
+            try:
+                for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+                    if isinstance(a, Unavailable) and node.target is not operator.getitem:
+                        raise NotImplementedError(f"uses {a.what}, which eclat does not compute")
+                first = val[0] if isinstance(val, (tuple, list)) and val else val
+                if isinstance(first, torch.Tensor):
+                    ctx.out_shape = tuple(ctx.sym(d) for d in first.shape)
+                    ctx.out_dtype = ir_dtype(first.dtype, f"the result of {_op_name(node.target)}")
+                env[node] = fn(ctx, *args, **kwargs)
+            except (ValueError, TypeError, NotImplementedError) as e:
+                raise UnsupportedOpError(_op_name(node.target), source_line(node), str(e)) from e
+            if isinstance(val, torch.Tensor) and not isinstance(env[node], Unavailable):
+                _check(node, env[node], ctx)
+        elif node.op == "output":
+            outputs = [convert_output(ctx, env[o] if isinstance(o, torch.fx.Node) else o)
+                       for o in node.args[0]]
+    return Graph(inputs, outputs, weights, ep.call_spec.out_spec)
+
+
+def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list[Node]) -> Any:
+    if spec.kind == InputKind.USER_INPUT:
+        if not isinstance(val, torch.Tensor):
+            return val  # a non-tensor input is specialised to its example value by torch.export
+        shape = tuple(ctx.sym(d) for d in val.shape)
+        x = g.input_(node.name, shape, _dtype_or_raise(val.dtype, f"input {node.name!r}"))
+        inputs.append(x)
+        return x
+    if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+        tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+        dtype = _dtype_or_raise(tensor.dtype, f"weight {spec.target!r}")
+        t = tensor.detach()
+        array = (t.float() if dtype is DType.bfloat16 else t).contiguous().numpy().copy()
+        ctx.weights[spec.target] = array
+        return g.weight(spec.target, array, dtype)
+    raise UnsupportedOpError(f"graph input of kind {spec.kind.name}", detail=node.name)
+
+
+def _dtype_or_raise(dtype: torch.dtype, what: str) -> DType:
+    try:
+        return ir_dtype(dtype, what)
+    except TypeError as e:
+        raise UnsupportedOpError(f"dtype {dtype}", detail=str(e)) from None
+
+
+class Unavailable:
+    """A result eclat does not compute (pooling indices, batch-norm saved statistics):
+    harmless unless something uses it."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+
+def _check(node: torch.fx.Node, out: Any, ctx: Ctx) -> None:
+    """A lowering must produce exactly torch's shape and dtype: catching it here names the op."""
+    if not isinstance(out, Node):
+        raise AssertionError(f"lowering of {_op_name(node.target)} returned {type(out).__name__}")
+    # symbolic sizes may be spelled differently; constant ones must agree
+    same = len(out.shape) == len(ctx.out_shape) and all(
+        as_int(a) == as_int(b) for a, b in zip(out.shape, ctx.out_shape))
+    if not same or out.dtype is not ctx.out_dtype:
+        raise AssertionError(f"lowering of {_op_name(node.target)} gave {out.dtype.short}{list(out.shape)}, "
+                             f"torch says {ctx.out_dtype.short}{list(ctx.out_shape)}")
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target._opname}.{target._overloadname}" if target.namespace == "aten" else str(target)
+    return getattr(target, "__name__", str(target))

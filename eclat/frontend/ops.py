@@ -1,0 +1,872 @@
+"""The lowering table: core ATen op -> function building IR primitives.
+
+Each function takes the lowering context (see lower.Ctx: the op's output shape and
+dtype as torch computed them) and the op's arguments with FX nodes replaced by IR nodes
+(or Python numbers / symbolic sizes), and returns a node, or a tuple for multi-output ops.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from eclat.ir import graph as g
+from eclat.ir.dtypes import DType
+from eclat.ir.graph import Node
+from eclat.ir.symbolic import Expr, as_int, prod, sint
+from eclat.ir.view import View
+
+from . import prims as P
+from .lower import Ctx, Unavailable, ir_dtype
+
+aten = torch.ops.aten
+Value = P.Value
+
+
+def _axis(d: int, nd: int) -> int:
+    if not -max(nd, 1) <= d < max(nd, 1):
+        raise ValueError(f"dimension {d} out of range for a {nd}-d tensor")
+    return d % max(nd, 1)
+
+
+def _dims(dims: int | Sequence[int] | None, nd: int) -> list[int]:
+    """A dim argument as a list of axes; None or [] means all axes."""
+    if dims is None or (not isinstance(dims, int) and len(dims) == 0):
+        return list(range(nd))
+    return [_axis(d, nd) for d in ([dims] if isinstance(dims, int) else dims)]
+
+
+def _out(ctx: Ctx, x: Value) -> Node:
+    """x as torch's result dtype and shape (scalars and 0-dim nodes broadcast)."""
+    return P.lift(x, ctx.out_dtype, ctx.out_shape)
+
+
+# --- elementwise ---------------------------------------------------------------------------
+
+def _scaled(b: Value, alpha: Value) -> Value:
+    return b if alpha == 1 else P.mul(b, alpha)
+
+
+def _add(ctx: Ctx, a: Value, b: Value, alpha: Value = 1) -> Node:
+    return _out(ctx, P.add(a, _scaled(b, alpha)))
+
+
+def _sub(ctx: Ctx, a: Value, b: Value, alpha: Value = 1) -> Node:
+    return _out(ctx, P.sub(a, _scaled(b, alpha)))
+
+
+def _rsub(ctx: Ctx, a: Value, b: Value, alpha: Value = 1) -> Node:
+    return _out(ctx, P.sub(b, _scaled(a, alpha)))
+
+
+def _div(ctx: Ctx, a: Value, b: Value, rounding_mode: str | None = None) -> Node:
+    if rounding_mode is None:
+        return _out(ctx, P.div(a, b))
+    dtype = ctx.out_dtype
+    if dtype.is_float:
+        q = P.div(a, b)
+        return _out(ctx, P.trunc(q) if rounding_mode == "trunc" else P.floor(q))
+    shape = ctx.out_shape
+    return P.int_div(P.lift(a, dtype, shape), P.lift(b, dtype, shape), rounding_mode)
+
+
+def _fmod(ctx: Ctx, a: Value, b: Value) -> Node:
+    return P.elementwise("mod", a, b, dtype=ctx.out_dtype)
+
+
+def _remainder(ctx: Ctx, a: Value, b: Value) -> Node:
+    # Python semantics: the result takes the divisor's sign
+    r = _fmod(ctx, a, b)
+    fix = P.logical_and(P.ne(r, 0), P.ne(P.lt(r, 0), P.lt(b, 0)))
+    return P.where(fix, P.add(r, P.lift(b, ctx.out_dtype)), r)
+
+
+def _float_unary(fn: Callable[[Node], Node]) -> Callable[..., Node]:
+    return lambda ctx, x: _out(ctx, fn(P.to_float(x)))
+
+
+def _pow_scalar_exponent(ctx: Ctx, x: Node, e: float) -> Node:
+    x = P.lift(x, ctx.out_dtype)
+    special = {0.5: P.sqrt, -0.5: P.rsqrt, -1: P.recip}
+    if e in special and x.dtype.is_float:
+        return special[e](x)
+    if float(e).is_integer() and abs(e) <= 64 and (e >= 0 or x.dtype.is_float):
+        out, base, n = None, x, int(abs(e))
+        while n:  # square and multiply
+            if n & 1:
+                out = base if out is None else P.mul(out, base)
+            n >>= 1
+            if n:
+                base = P.mul(base, base)
+        out = _out(ctx, 1) if out is None else out
+        return P.recip(out) if e < 0 else out
+    if not x.dtype.is_float:
+        raise NotImplementedError(f"integer tensor to the power {e}")
+    return g.unary("exp2", P.mul(g.unary("log2", x), float(e)))
+
+
+def _pow(ctx: Ctx, x: Value, e: Value) -> Node:
+    if not isinstance(e, Node):
+        return _pow_scalar_exponent(ctx, P.lift(x, ctx.out_dtype), e)
+    if not ctx.out_dtype.is_float:
+        raise NotImplementedError("integer tensor to an integer tensor power")
+    if not isinstance(x, Node) and x <= 0:
+        raise NotImplementedError(f"{x} to a tensor power (needs a positive base)")
+    x, e = _out(ctx, x), _out(ctx, e)
+    general = g.unary("exp2", P.mul(g.unary("log2", x), e))
+    return P.where(P.eq(e, 0.0), 1.0, general)  # x**0 == 1 even for x == 0
+
+
+def _clamp(ctx: Ctx, x: Value, min: Value | None = None, max: Value | None = None) -> Node:
+    out = _out(ctx, x)
+    if min is not None:
+        out = P.maximum(out, P.lift(min, ctx.out_dtype))
+    if max is not None:
+        out = P.minimum(out, P.lift(max, ctx.out_dtype))
+    return out
+
+
+def _sign(ctx: Ctx, x: Node) -> Node:
+    if x.dtype is DType.bool:
+        return x
+    return P.where(P.lt(0, x), _out(ctx, 1), P.where(P.lt(x, 0), _out(ctx, -1), _out(ctx, 0)))
+
+
+def _round(ctx: Ctx, x: Node, decimals: int = 0) -> Node:
+    if decimals:
+        raise NotImplementedError("round with decimals")
+    if not x.dtype.is_float:
+        return x
+    f = P.floor(P.add(x, 0.5))
+    tie = P.eq(P.sub(f, x), 0.5)  # exactly half way: round to even
+    odd = P.ne(g.binary("mod", f, P.lift(2.0, x.dtype, x.shape)), 0.0)
+    return P.where(P.logical_and(tie, odd), P.sub(f, 1.0), f)
+
+
+def _ceil(ctx: Ctx, x: Node) -> Node:
+    return x if not x.dtype.is_float else P.neg(P.floor(P.neg(x)))
+
+
+def _elu(ctx: Ctx, x: Node, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Node:
+    neg_part = P.mul(P.sub(P.exp(P.mul(x, input_scale)), 1.0), alpha * scale)
+    return P.where(P.lt(0.0, x), P.mul(x, scale), neg_part)
+
+
+def _bool_op(fn: Callable[[Value, Value], Node]) -> Callable[..., Node]:
+    def lower(ctx: Ctx, a: Value, b: Value) -> Node:
+        if ctx.out_dtype is not DType.bool:
+            raise NotImplementedError("bitwise operations on integers (only bool tensors)")
+        return fn(a, b)
+    return lower
+
+
+def _bitwise_not(ctx: Ctx, x: Node) -> Node:
+    if x.dtype is not DType.bool:
+        raise NotImplementedError("bitwise_not on integers (only bool tensors)")
+    return P.logical_not(x)
+
+
+def _where(ctx: Ctx, cond: Value, a: Value, b: Value) -> Node:
+    return P.where(cond, P.lift(a, ctx.out_dtype), P.lift(b, ctx.out_dtype))
+
+
+def _masked_fill(ctx: Ctx, x: Node, mask: Node, value: Value) -> Node:
+    return P.where(mask, P.lift(value, ctx.out_dtype), x)
+
+
+def _cmp(fn: Callable[[Value, Value], Node]) -> Callable[..., Node]:
+    def lower(ctx: Ctx, a: Value, b: Value) -> Node:
+        dtype = P.promote(a, b)  # compare in the promoted type, as torch does
+        return fn(P.lift(a, dtype), P.lift(b, dtype))
+    return lower
+
+
+# --- reductions -----------------------------------------------------------------------------
+
+def _sum(ctx: Ctx, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    return P.reduce("sum", g.cast(x, ctx.out_dtype), _dims(dim, len(x.shape)), keepdim)
+
+
+def _mean(ctx: Ctx, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    return _out(ctx, P.mean(g.cast(x, ctx.out_dtype), _dims(dim, len(x.shape)), keepdim))
+
+
+def _max_reduce(ctx: Ctx, x: Node, dims: list[int], keepdim: bool) -> Node:
+    return P.reduce("max_reduce", x, dims, keepdim)
+
+
+def _min_reduce(x: Node, dims: list[int], keepdim: bool) -> Node:
+    if x.dtype is DType.bool:
+        return P.logical_not(P.reduce("max_reduce", P.logical_not(x), dims, keepdim))
+    return P.neg(P.reduce("max_reduce", P.neg(x), dims, keepdim))
+
+
+def _amax(ctx: Ctx, x: Node, dim: Any = (), keepdim: bool = False) -> Node:
+    return P.reduce("max_reduce", x, _dims(dim, len(x.shape)), keepdim)
+
+
+def _amin(ctx: Ctx, x: Node, dim: Any = (), keepdim: bool = False) -> Node:
+    return _min_reduce(x, _dims(dim, len(x.shape)), keepdim)
+
+
+def _any(ctx: Ctx, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
+    return P.reduce("max_reduce", P.ne(x, 0), _dims(dim, len(x.shape)), keepdim)
+
+
+def _all(ctx: Ctx, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
+    return _min_reduce(P.ne(x, 0), _dims(dim, len(x.shape)), keepdim)
+
+
+def _arg_extreme(x: Node, dim: int | None, keepdim: bool, largest: bool) -> Node:
+    """Index of the first maximum (or minimum) along dim, as int64."""
+    if dim is None:
+        flat = P.reshape(x, (prod(x.shape),))
+        out = _arg_extreme(flat, 0, False, largest)
+        return P.reshape(out, (1,) * len(x.shape)) if keepdim else out
+    axis = _axis(dim, len(x.shape))
+    best = (P.reduce("max_reduce", x, [axis], True) if largest else _min_reduce(x, [axis], True))
+    n = x.shape[axis]
+    idx = g.expand_to(P.reshape(g.iota(n, DType.int64), (n,) + (1,) * (len(x.shape) - axis - 1)), x.shape)
+    cand = P.where(P.eq(x, best), idx, P.lift(P.size_node(n), DType.int64))
+    return _min_reduce(cand, [axis], keepdim)
+
+
+def _argmax(ctx: Ctx, x: Node, dim: int | None = None, keepdim: bool = False) -> Node:
+    return _arg_extreme(x, dim, keepdim, True)
+
+
+def _argmin(ctx: Ctx, x: Node, dim: int | None = None, keepdim: bool = False) -> Node:
+    return _arg_extreme(x, dim, keepdim, False)
+
+
+def _max_dim(ctx: Ctx, x: Node, dim: int, keepdim: bool = False) -> tuple[Node, Node]:
+    return _amax(ctx, x, [dim], keepdim), _arg_extreme(x, dim, keepdim, True)
+
+
+def _min_dim(ctx: Ctx, x: Node, dim: int, keepdim: bool = False) -> tuple[Node, Node]:
+    return _amin(ctx, x, [dim], keepdim), _arg_extreme(x, dim, keepdim, False)
+
+
+def _var(ctx: Ctx, x: Node, dim: Any = None, *, correction: float | None = None,
+         keepdim: bool = False) -> Node:
+    axes = _dims(dim, len(x.shape))
+    x = P.to_float(x)
+    d = P.sub(x, P.mean(x, axes, keepdim=True))
+    n = prod([x.shape[a] for a in axes])
+    if as_int(n) is None:
+        raise NotImplementedError("variance over a symbolic number of elements")
+    dof = max(0, as_int(n) - (1 if correction is None else correction))
+    return P.mul(P.reduce("sum", P.mul(d, d), axes, keepdim), 1 / dof if dof else math.nan)
+
+
+def _softmax(ctx: Ctx, x: Node, dim: int, half_to_float: bool = False) -> Node:
+    return _out(ctx, P.softmax(x, _axis(dim, len(x.shape))))
+
+
+def _log_softmax(ctx: Ctx, x: Node, dim: int, half_to_float: bool = False) -> Node:
+    return _out(ctx, P.softmax(x, _axis(dim, len(x.shape)), log_=True))
+
+
+def _cumsum(ctx: Ctx, x: Node, dim: int, *, dtype: Any = None) -> Node:
+    axis = _axis(dim, len(x.shape))
+    nd = len(x.shape)
+    x = g.cast(x, ctx.out_dtype)
+    last = P.permute(x, [k for k in range(nd) if k != axis] + [axis]) if nd else P.reshape(x, (1,))
+    n = last.shape[-1]
+    # out[..., i] = sum_j [j <= i] x[..., j]
+    square = (*last.shape[:-1], n, n)
+    xe = g.expand_to(P.reshape(last, (*last.shape[:-1], 1, n)), square)
+    i = g.expand_to(P.reshape(g.iota(n, DType.int64), (n, 1)), square)
+    j = g.expand_to(g.iota(n, DType.int64), square)
+    out = g.reduce("sum", P.where(P.lt(i, j), P.lift(0, ctx.out_dtype), xe), len(square) - 1)
+    if not nd:
+        return P.reshape(out, ())
+    inverse = list(range(nd - 1))
+    inverse.insert(axis, nd - 1)
+    return P.permute(out, inverse)
+
+
+# --- linear algebra ---------------------------------------------------------------------------
+
+def _mm(ctx: Ctx, a: Node, b: Node) -> Node:
+    return P.matmul(a, b)
+
+
+def _addmm(ctx: Ctx, bias: Value, a: Node, b: Node, *, beta: Value = 1, alpha: Value = 1) -> Node:
+    prod_ = _scaled(P.matmul(a, b), alpha)
+    return _out(ctx, P.add(_scaled(bias, beta) if beta != 0 else 0, prod_))
+
+
+def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                 output_padding: Sequence[int], groups: int) -> Node:
+    """Direct convolution: a strided window view of the (padded) input times the expanded
+    weights, summed over input channels and kernel positions."""
+    if transposed:
+        raise NotImplementedError("transposed convolution")
+    nd = len(x.shape) - 2
+    n, c = x.shape[:2]
+    o, cg, *ks = w.shape
+    og = as_int(o) // groups
+    xp = _padded_contiguous(x, [(p, p) for p in padding], 0.0)
+    outs = ctx.out_shape[2:]
+    cs = View.contiguous(xp.shape).strides
+    sstrides = cs[2:]
+    # [N, G, Og, O_1..O_nd, Cg, K_1..K_nd]
+    shape = (n, groups, og, *outs, cg, *ks)
+    strides = (cs[0], cg * cs[1], 0, *(s * st for s, st in zip(stride, sstrides)), cs[1],
+               *(d * st for d, st in zip(dilation, sstrides)))
+    win = g.view(xp, View.make(shape, strides))
+    wv = P.reshape(w, (1, groups, og, *(1,) * nd, cg, *ks))
+    prodn = g.binary("mul", win, g.expand_to(wv, shape))
+    out = prodn
+    for _ in range(nd + 1):
+        out = g.reduce("sum", out, len(out.shape) - 1)
+    out = P.reshape(out, (n, o, *outs))
+    if bias is not None:
+        out = P.add(out, P.reshape(bias, (o,) + (1,) * nd))
+    return out
+
+
+def _padded_contiguous(x: Node, pads: Sequence[tuple[int, int]], fill: float) -> Node:
+    """x with pads on its trailing axes filled with `fill`, as a fresh (non-view) node,
+    so that strided window views can be laid directly on it."""
+    lead = len(x.shape) - len(pads)
+    full = [(0, 0)] * lead + list(pads)
+    if any(b or a for b, a in full):
+        padded = g.movement(x, lambda v: v.pad(full))
+        if fill != 0:
+            ones = g.expand_to(g.const(True, DType.bool), x.shape)
+            inside = g.movement(ones, lambda v: v.pad(full))
+            return P.where(inside, padded, P.lift(fill, x.dtype))
+        return g.contiguous(padded)
+    return g.contiguous(x) if x.op == "view" else x
+
+
+def _windows(x: Node, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+             dilation: Sequence[int], outs: Sequence[sint], fill: float) -> Node:
+    """[*lead, O_1..O_nd, K_1..K_nd] sliding windows over the trailing nd axes of x."""
+    nd = len(kernel)
+    spatial = x.shape[-nd:]
+    after = []
+    for n, k, s, p, d, o in zip(spatial, kernel, stride, padding, dilation, outs):
+        need = (as_int(o) - 1) * s + d * (k - 1) + 1  # padded length the windows read
+        after.append(max(0, need - as_int(n) - p))
+    xp = _padded_contiguous(x, list(zip(padding, after)), fill)
+    cs = View.contiguous(xp.shape).strides
+    lead = len(x.shape) - nd
+    shape = (*x.shape[:lead], *outs, *kernel)
+    strides = (*cs[:lead], *(s * st for s, st in zip(stride, cs[lead:])),
+               *(d * st for d, st in zip(dilation, cs[lead:])))
+    return g.view(xp, View.make(shape, strides))
+
+
+def _pool_args(x: Node, kernel, stride, padding, dilation=1) -> tuple[list[int], ...]:
+    nd = len(kernel)
+    as_list = lambda v, default: ([v] * nd if isinstance(v, int) else list(v) or default)
+    return (list(kernel), as_list(stride, list(kernel)), as_list(padding, [0] * nd),
+            as_list(dilation, [1] * nd))
+
+
+def _max_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, dilation=1, ceil_mode=False
+              ) -> tuple[Node, Unavailable]:
+    k, s, p, d = _pool_args(x, kernel, stride, padding, dilation)
+    win = _windows(x, k, s, p, d, ctx.out_shape[-len(k):], -math.inf)
+    out = P.reduce("max_reduce", win, list(range(-len(k), 0)))
+    return out, Unavailable("max-pooling indices")
+
+
+def _avg_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+              divisor_override=None) -> Node:
+    k, s, p, _ = _pool_args(x, kernel, stride, padding)
+    outs = ctx.out_shape[-len(k):]
+    total = P.reduce("sum", _windows(x, k, s, p, [1] * len(k), outs, 0.0), list(range(-len(k), 0)))
+    if divisor_override:
+        return P.mul(total, 1.0 / divisor_override)
+    sizes = [as_int(n) for n in x.shape[-len(k):]]
+    if None in sizes:
+        raise NotImplementedError("average pooling over symbolic spatial sizes")
+    # how many elements each window averages: padding counts, the ceil_mode overhang never does
+    counts = np.ones(())
+    for n, kk, ss, pp, o in zip(sizes, k, s, p, outs):
+        start = np.arange(as_int(o)) * ss - pp
+        lo, hi = (-pp, n + pp) if count_include_pad else (0, n)
+        counts = np.multiply.outer(counts, np.minimum(start + kk, hi) - np.maximum(start, lo))
+    if np.all(counts == counts.flat[0]):
+        return P.mul(total, 1.0 / float(counts.flat[0]))
+    return P.mul(total, ctx.constant((1.0 / counts).astype(np.float32)))
+
+
+def _adaptive_axis(ctx: Ctx, x: Node, axis: int, o: int, reduce_op: str) -> Node:
+    """Adaptive pooling along one axis: output i covers [floor(i*n/o), ceil((i+1)*n/o))."""
+    n = as_int(x.shape[axis])
+    if n is None:
+        raise NotImplementedError("adaptive pooling over a symbolic size")
+    if n == o:
+        return x
+    nd = len(x.shape)
+    last = P.permute(x, [a for a in range(nd) if a != axis] + [axis])
+    if n % o == 0:
+        out = P.reshape(last, (*last.shape[:-1], o, n // o))
+        out = P.reduce(reduce_op, out, [-1])
+        counts = np.full(o, n // o)
+    else:
+        starts = np.arange(o) * n // o
+        ends = -(-(np.arange(1, o + 1) * n) // o)
+        mask = (np.arange(n) >= starts[:, None]) & (np.arange(n) < ends[:, None])
+        counts = mask.sum(1)
+        big = (*last.shape[:-1], o, n)
+        xe = g.expand_to(P.reshape(last, (*last.shape[:-1], 1, n)), big)
+        m = g.expand_to(ctx.constant(mask), big)
+        fill = -math.inf if reduce_op == "max_reduce" else 0.0
+        out = g.reduce(reduce_op, P.where(m, xe, fill), len(big) - 1)
+    if reduce_op == "sum":
+        out = P.mul(out, float(1 / counts[0]) if np.all(counts == counts[0])
+                    else g.expand_to(ctx.constant((1 / counts).astype(np.float32)), out.shape))
+    inverse = list(range(nd - 1))
+    inverse.insert(axis, nd - 1)
+    return P.permute(out, inverse)
+
+
+def _adaptive(reduce_op: str) -> Callable[..., Any]:
+    def lower(ctx: Ctx, x: Node, output_size: Sequence[int | None]) -> Any:
+        nd, out = len(output_size), x
+        for k, o in enumerate(output_size):
+            axis = len(x.shape) - nd + k
+            out = _adaptive_axis(ctx, out, axis, as_int(x.shape[axis]) if o is None else o, reduce_op)
+        return out if reduce_op == "sum" else (out, Unavailable("adaptive max-pooling indices"))
+    return lower
+
+
+# --- normalisation ------------------------------------------------------------------------------
+
+def _affine(x: Node, w: Node | None, b: Node | None, shape: Sequence[sint]) -> Node:
+    if w is not None:
+        x = P.mul(x, P.reshape(w, shape))
+    if b is not None:
+        x = P.add(x, P.reshape(b, shape))
+    return x
+
+
+def _layer_norm(ctx: Ctx, x: Node, normalized_shape: Sequence[int], w: Node | None, b: Node | None,
+                eps: float) -> tuple[Node, Node, Node]:
+    axes = list(range(len(x.shape) - len(normalized_shape), len(x.shape)))
+    mean = P.mean(x, axes, keepdim=True)
+    d = P.sub(x, mean)
+    rstd = P.rsqrt(P.add(P.mean(P.mul(d, d), axes, keepdim=True), eps))
+    return _affine(P.mul(d, rstd), w, b, x.shape[axes[0]:]), mean, rstd
+
+
+def _batch_norm_eval(ctx: Ctx, x: Node, w: Node | None, b: Node | None, mean: Node, var: Node,
+                     momentum: float, eps: float) -> tuple[Node, Unavailable, Unavailable]:
+    shape = (x.shape[1],) + (1,) * (len(x.shape) - 2)
+    scale = P.rsqrt(P.add(var, eps))
+    out = P.mul(P.sub(x, P.reshape(mean, shape)), P.reshape(scale, shape))
+    saved = Unavailable("batch-norm saved statistics")
+    return _affine(out, w, b, shape), saved, saved
+
+
+def _native_batch_norm(ctx: Ctx, x, w, b, mean, var, training: bool, momentum: float, eps: float):
+    if training or mean is None:
+        raise NotImplementedError("batch norm in training mode (call model.eval() first)")
+    return _batch_norm_eval(ctx, x, w, b, mean, var, momentum, eps)
+
+
+def _group_norm(ctx: Ctx, x: Node, w: Node | None, b: Node | None, n: sint, c: sint, hw: sint,
+                groups: int, eps: float) -> tuple[Node, Node, Node]:
+    grouped = P.reshape(x, (n, groups, prod([c, hw]) // groups if isinstance(c, Expr) else c // groups * hw))
+    mean = P.mean(grouped, [2], keepdim=True)
+    d = P.sub(grouped, mean)
+    rstd = P.rsqrt(P.add(P.mean(P.mul(d, d), [2], keepdim=True), eps))
+    out = P.reshape(P.mul(d, rstd), x.shape)
+    out = _affine(out, w, b, (c,) + (1,) * (len(x.shape) - 2))
+    return out, P.reshape(mean, (n, groups)), P.reshape(rstd, (n, groups))
+
+
+# --- movement ------------------------------------------------------------------------------------
+
+def _view(ctx: Ctx, x: Node, *_: Any) -> Node:
+    return P.reshape(x, ctx.out_shape)
+
+
+def _permute(ctx: Ctx, x: Node, dims: Sequence[int]) -> Node:
+    return P.permute(x, [_axis(d, len(x.shape)) for d in dims])
+
+
+def _transpose(ctx: Ctx, x: Node, a: int = 0, b: int = 1) -> Node:
+    order = list(range(len(x.shape)))
+    if order:
+        a, b = _axis(a, len(order)), _axis(b, len(order))
+        order[a], order[b] = order[b], order[a]
+    return P.permute(x, order)
+
+
+def _expand(ctx: Ctx, x: Node, *_: Any, **__: Any) -> Node:
+    return g.expand_to(x, ctx.out_shape)
+
+
+def _slice(ctx: Ctx, x: Node, dim: int = 0, start: sint | None = None, end: sint | None = None,
+           step: int = 1) -> Node:
+    axis = _axis(dim, len(x.shape))
+    n, length = x.shape[axis], ctx.out_shape[axis]
+    start = 0 if start is None else start
+    if isinstance(start, int) and as_int(n) is not None:
+        start = min(max(start + as_int(n) if start < 0 else start, 0), as_int(n))
+    if as_int(length) == 0:
+        stop = start
+    else:
+        stop = start + (length - 1) * step + 1
+    return g.movement(x, lambda v: v.slice(axis, start, stop, step))
+
+
+def _select(ctx: Ctx, x: Node, dim: int, index: sint) -> Node:
+    axis = _axis(dim, len(x.shape))
+    n = x.shape[axis]
+    if isinstance(index, int) and index < 0:
+        index = index + n
+    if as_int(index) is not None and as_int(n) is not None and not 0 <= as_int(index) < as_int(n):
+        raise ValueError(f"index {index} out of range for size {n}")
+    picked = g.movement(x, lambda v: v.slice(axis, index, index + 1))
+    return P.reshape(picked, ctx.out_shape)
+
+
+def _cat(ctx: Ctx, tensors: Sequence[Node], dim: int = 0) -> Node:
+    parts = [t for t in tensors if not (len(t.shape) == 1 and as_int(t.shape[0]) == 0)]
+    axis = _axis(dim, len(ctx.out_shape))
+    total = ctx.out_shape[axis]
+    out: Node | None = None
+    offset: sint = 0
+    for t in parts:
+        t = g.cast(t, ctx.out_dtype)
+        pads = [(0, 0)] * len(t.shape)
+        pads[axis] = (offset, total - offset - t.shape[axis])
+        offset = offset + t.shape[axis]
+        piece = g.movement(t, lambda v, pads=pads: v.pad(pads))
+        # padding reads as zero, so the pieces add up to the concatenation
+        out = piece if out is None else P.add(out, piece)
+    return out if out is not None else _out(ctx, 0)
+
+
+def _split_sizes(ctx: Ctx, x: Node, sizes: Sequence[sint], dim: int = 0) -> tuple[Node, ...]:
+    axis = _axis(dim, len(x.shape))
+    out, start = [], 0
+    for s in sizes:
+        out.append(g.movement(x, lambda v, a=start, b=start + s: v.slice(axis, a, b)))
+        start = start + s
+    return tuple(out)
+
+
+def _split(ctx: Ctx, x: Node, size: int, dim: int = 0) -> tuple[Node, ...]:
+    n = as_int(x.shape[_axis(dim, len(x.shape))])
+    if n is None:
+        raise NotImplementedError("split of a symbolic size")
+    return _split_sizes(ctx, x, [min(size, n - k) for k in range(0, n, size)] or [0], dim)
+
+
+def _unbind(ctx: Ctx, x: Node, dim: int = 0) -> tuple[Node, ...]:
+    axis = _axis(dim, len(x.shape))
+    shape = x.shape[:axis] + x.shape[axis + 1:]
+    return tuple(P.reshape(t, shape) for t in _split(ctx, x, 1, dim))
+
+
+def _unsqueeze(ctx: Ctx, x: Node, dim: int) -> Node:
+    return P.reshape(x, ctx.out_shape)
+
+
+def _flip(ctx: Ctx, x: Node, dims: Sequence[int]) -> Node:
+    axes = [_axis(d, len(x.shape)) for d in dims]
+    return g.movement(x, lambda v: v.flip(axes)) if axes else x
+
+
+def _repeat(ctx: Ctx, x: Node, repeats: Sequence[int]) -> Node:
+    lead = len(repeats) - len(x.shape)
+    shape = (1,) * lead + x.shape
+    inter = [d for n in shape for d in (1, n)]
+    big = [d for r, n in zip(repeats, shape) for d in (r, n)]
+    xe = g.expand_to(P.reshape(x, inter), big)
+    return P.reshape(xe, ctx.out_shape)
+
+
+def _constant_pad(ctx: Ctx, x: Node, pad: Sequence[int], value: Value = 0) -> Node:
+    nd = len(x.shape)
+    pairs = [(0, 0)] * nd
+    for k in range(len(pad) // 2):
+        pairs[nd - 1 - k] = (pad[2 * k], pad[2 * k + 1])
+    bounds = [(max(0, -b), n - max(0, -a)) for (b, a), n in zip(pairs, x.shape)]
+    x = g.movement(x, lambda v: v.shrink(bounds)) if any(b < 0 or a < 0 for b, a in pairs) else x
+    grow = [(max(0, b), max(0, a)) for b, a in pairs]
+    padded = g.movement(x, lambda v: v.pad(grow))
+    if value == 0:
+        return padded
+    inside = g.movement(g.expand_to(g.const(True, DType.bool), x.shape), lambda v: v.pad(grow))
+    return P.where(inside, padded, P.lift(value, x.dtype))
+
+
+def _tri(lower_: bool) -> Callable[..., Node]:
+    def lower(ctx: Ctx, x: Node, diagonal: int = 0) -> Node:
+        r, c = x.shape[-2:]
+        rows = g.expand_to(P.reshape(g.iota(r, DType.int64), (r, 1)), x.shape)
+        cols = g.expand_to(g.iota(c, DType.int64), x.shape)
+        # tril keeps c <= r + k; triu keeps c >= r + k
+        below = P.lt(cols, P.add(rows, diagonal + 1))
+        keep = below if lower_ else P.logical_not(P.lt(cols, P.add(rows, diagonal)))
+        return P.where(keep, x, P.lift(0, x.dtype))
+    return lower
+
+
+# --- indexing ---------------------------------------------------------------------------------------
+
+def _normalise_index(idx: Node, n: sint) -> Node:
+    if idx.dtype not in (DType.int32, DType.int64):
+        raise NotImplementedError(f"indexing with a {idx.dtype.short} tensor (only integer indices)")
+    return P.where(P.lt(idx, 0), P.add(idx, P.lift(P.size_node(n), idx.dtype)), idx)
+
+
+def _index(ctx: Ctx, x: Node, indices: Sequence[Node | None]) -> Node:
+    """x[..., i, j, ...] with integer index tensors: the indexed axes are moved to the
+    front and flattened into one, which a single Gather reads."""
+    nd = len(x.shape)
+    pos = [k for k, i in enumerate(indices) if i is not None]
+    rest = [k for k in range(nd) if k not in pos]
+    idx = [_normalise_index(indices[k], x.shape[k]) for k in pos]
+    bshape = P.broadcast_shape(*(i.shape for i in idx))
+    lin: Node | None = None
+    for k, i in zip(pos, idx):
+        i = g.expand_to(g.cast(i, DType.int64), bshape)
+        lin = i if lin is None else P.add(P.mul(lin, P.lift(P.size_node(x.shape[k]), DType.int64)), i)
+    front = P.permute(x, pos + rest)
+    table = P.reshape(front, (prod([x.shape[k] for k in pos]), *(x.shape[k] for k in rest)))
+    out = g.gather(table, lin)
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    if adjacent and pos[0] > 0:  # torch keeps the index dims in place when they are adjacent
+        b, lead = len(bshape), pos[0]
+        order = list(range(b, b + lead)) + list(range(b)) + list(range(b + lead, len(out.shape)))
+        out = P.permute(out, order)
+    return out
+
+
+def _index_select(ctx: Ctx, x: Node, dim: int, index: Node) -> Node:
+    axis = _axis(dim, len(x.shape))
+    out = _index(ctx, x, [None] * axis + [P.reshape(index, (prod(index.shape),))])
+    return out
+
+
+def _gather_dim(ctx: Ctx, x: Node, dim: int, index: Node, *, sparse_grad: bool = False) -> Node:
+    """torch.gather: out[i][j] = x[i][index[i][j]] (for dim 1) through the flat table."""
+    axis = _axis(dim, len(x.shape))
+    idx = _normalise_index(index, x.shape[axis]) if x.shape else index
+    strides = View.contiguous(x.shape).strides
+    lin: Node | None = None
+    for k, (n, s) in enumerate(zip(idx.shape, strides)):
+        if k == axis:
+            term = g.cast(idx, DType.int64)
+        else:
+            shape = (n,) + (1,) * (len(idx.shape) - k - 1)
+            term = g.expand_to(P.reshape(g.iota(n, DType.int64), shape), idx.shape)
+        stride = as_int(s) if as_int(s) is not None else None
+        if stride is None:
+            raise NotImplementedError("gather on a tensor with symbolic sizes")
+        term = term if stride == 1 else P.mul(term, stride if stride else 0)
+        lin = term if lin is None else P.add(lin, term)
+    table = P.reshape(x, (prod(x.shape),))
+    return g.gather(table, lin if lin is not None else g.cast(idx, DType.int64))
+
+
+def _embedding(ctx: Ctx, weight: Node, idx: Node, *_: Any) -> Node:
+    return g.gather(weight, idx)
+
+
+# --- creation and casts --------------------------------------------------------------------------
+
+def _full(ctx: Ctx, size: Any, value: Value, **_: Any) -> Node:
+    return _out(ctx, value)
+
+
+def _full_like(ctx: Ctx, x: Node, value: Value, **_: Any) -> Node:
+    return _out(ctx, value)
+
+
+def _fill(value: Value) -> Callable[..., Node]:
+    return lambda ctx, *_, **__: _out(ctx, value)
+
+
+def _scalar_tensor(ctx: Ctx, value: Value, **_: Any) -> Node:
+    return _out(ctx, value)
+
+
+def _arange(ctx: Ctx, *args: Value, **_: Any) -> Node:
+    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    n = ctx.out_shape[0]
+    dtype = ctx.out_dtype
+    ramp = g.cast(g.iota(n, DType.int64), dtype)
+    if step != 1:
+        ramp = P.mul(ramp, P.lift(step, dtype))
+    return ramp if start == 0 else P.add(ramp, P.lift(start, dtype))
+
+
+def _to_copy(ctx: Ctx, x: Node, **_: Any) -> Node:
+    return g.cast(x, ctx.out_dtype)
+
+
+def _identity(ctx: Ctx, x: Node, *_: Any, **__: Any) -> Node:
+    return x
+
+
+def _nothing(ctx: Ctx, *_: Any, **__: Any) -> None:
+    return None
+
+
+def convert_output(ctx: Ctx, v: Any) -> Node:
+    """A graph output as a node: Python numbers and sizes become 0-dim constants."""
+    if isinstance(v, Node):
+        return v
+    if isinstance(v, Unavailable):
+        raise NotImplementedError(f"the model returns {v.what}, which eclat does not compute")
+    if isinstance(v, Expr):
+        return P.size_node(v)
+    if isinstance(v, (bool, int, float)):
+        return P.lift(v, P.promote(v))
+    if isinstance(v, torch.dtype):
+        raise TypeError(f"cannot return a {type(v).__name__} from a compiled model")
+    return P.lift(v, ir_dtype(torch.tensor(v).dtype))
+
+
+def _sym_size(ctx: Ctx, x: Node, dim: int) -> sint:
+    return x.shape[_axis(dim, len(x.shape))]
+
+
+def _sym_binary(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    return lambda ctx, a, b: fn(a, b)
+
+
+LOWERINGS: dict[Any, Callable[..., Any]] = {
+    # arithmetic
+    aten.add.Tensor: _add, aten.add.Scalar: _add,
+    aten.sub.Tensor: _sub, aten.sub.Scalar: _sub,
+    aten.rsub.Scalar: _rsub, aten.rsub.Tensor: _rsub,
+    aten.mul.Tensor: lambda ctx, a, b: _out(ctx, P.mul(a, b)),
+    aten.mul.Scalar: lambda ctx, a, b: _out(ctx, P.mul(a, b)),
+    aten.div.Tensor: _div, aten.div.Scalar: _div, aten.div.Tensor_mode: _div, aten.div.Scalar_mode: _div,
+    aten.fmod.Tensor: _fmod, aten.fmod.Scalar: _fmod,
+    aten.remainder.Tensor: _remainder, aten.remainder.Scalar: _remainder,
+    aten.neg.default: lambda ctx, x: P.neg(x),
+    aten.pow.Tensor_Scalar: _pow, aten.pow.Tensor_Tensor: _pow, aten.pow.Scalar: _pow,
+    aten.abs.default: lambda ctx, x: P.abs_(x),
+    aten.sign.default: _sign,
+    aten.floor.default: lambda ctx, x: P.floor(x),
+    aten.ceil.default: _ceil,
+    aten.trunc.default: lambda ctx, x: P.trunc(x),
+    aten.round.default: _round, aten.round.decimals: _round,
+    aten.maximum.default: lambda ctx, a, b: _out(ctx, P.maximum(a, b)),
+    aten.minimum.default: lambda ctx, a, b: _out(ctx, P.minimum(a, b)),
+    aten.clamp.default: _clamp, aten.clamp.Tensor: _clamp,
+    aten.clamp_min.default: lambda ctx, x, lo: _clamp(ctx, x, lo),
+    aten.clamp_max.default: lambda ctx, x, hi: _clamp(ctx, x, None, hi),
+    # transcendental (float results)
+    aten.exp.default: _float_unary(P.exp),
+    aten.exp2.default: _float_unary(lambda x: g.unary("exp2", x)),
+    aten.expm1.default: _float_unary(lambda x: P.sub(P.exp(x), 1.0)),
+    aten.log.default: _float_unary(P.log),
+    aten.log2.default: _float_unary(lambda x: g.unary("log2", x)),
+    aten.log1p.default: _float_unary(lambda x: P.log(P.add(x, 1.0))),
+    aten.sqrt.default: _float_unary(P.sqrt),
+    aten.rsqrt.default: _float_unary(P.rsqrt),
+    aten.reciprocal.default: _float_unary(P.recip),
+    aten.sin.default: _float_unary(P.sin),
+    aten.cos.default: _float_unary(P.cos),
+    aten.tanh.default: _float_unary(P.tanh),
+    aten.sigmoid.default: _float_unary(P.sigmoid),
+    aten.erf.default: _float_unary(P.erf),
+    # activations
+    aten.relu.default: lambda ctx, x: P.maximum(x, P.lift(0, x.dtype)),
+    aten.gelu.default: lambda ctx, x, approximate="none": _out(ctx, P.gelu(x, approximate)),
+    aten.silu.default: _float_unary(lambda x: P.mul(x, P.sigmoid(x))),
+    aten.hardtanh.default: lambda ctx, x, lo=-1.0, hi=1.0: _clamp(ctx, x, lo, hi),
+    aten.leaky_relu.default: lambda ctx, x, slope=0.01: P.where(P.lt(0.0, x), x, P.mul(x, slope)),
+    aten.elu.default: _elu,
+    # comparisons and logic
+    aten.lt.Tensor: _cmp(P.lt), aten.lt.Scalar: _cmp(P.lt),
+    aten.gt.Tensor: _cmp(P.gt), aten.gt.Scalar: _cmp(P.gt),
+    aten.le.Tensor: _cmp(P.le), aten.le.Scalar: _cmp(P.le),
+    aten.ge.Tensor: _cmp(P.ge), aten.ge.Scalar: _cmp(P.ge),
+    aten.eq.Tensor: _cmp(P.eq), aten.eq.Scalar: _cmp(P.eq),
+    aten.ne.Tensor: _cmp(P.ne), aten.ne.Scalar: _cmp(P.ne),
+    aten.where.self: _where,
+    aten.masked_fill.Scalar: _masked_fill, aten.masked_fill.Tensor: _masked_fill,
+    aten.logical_not.default: lambda ctx, x: P.logical_not(x),
+    aten.logical_and.default: lambda ctx, a, b: P.logical_and(a, b),
+    aten.logical_or.default: lambda ctx, a, b: P.logical_or(a, b),
+    aten.logical_xor.default: lambda ctx, a, b: P.logical_xor(a, b),
+    aten.bitwise_not.default: _bitwise_not,
+    aten.bitwise_and.Tensor: _bool_op(P.logical_and), aten.bitwise_and.Scalar: _bool_op(P.logical_and),
+    aten.bitwise_or.Tensor: _bool_op(P.logical_or), aten.bitwise_or.Scalar: _bool_op(P.logical_or),
+    aten.bitwise_xor.Tensor: _bool_op(P.logical_xor), aten.bitwise_xor.Scalar: _bool_op(P.logical_xor),
+    # reductions
+    aten.sum.dim_IntList: _sum, aten.sum.default: _sum,
+    aten.mean.dim: _mean, aten.mean.default: _mean,
+    aten.amax.default: _amax, aten.amin.default: _amin,
+    aten.max.default: lambda ctx, x: _amax(ctx, x), aten.min.default: lambda ctx, x: _amin(ctx, x),
+    aten.max.dim: _max_dim, aten.min.dim: _min_dim,
+    aten.argmax.default: _argmax, aten.argmin.default: _argmin,
+    aten.any.default: _any, aten.any.dim: _any, aten.any.dims: _any,
+    aten.all.default: _all, aten.all.dim: _all, aten.all.dims: _all,
+    aten.var.correction: _var,
+    aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
+    aten.cumsum.default: _cumsum,
+    # linear algebra, convolution, pooling, normalisation
+    aten.mm.default: _mm, aten.bmm.default: _mm,
+    aten.addmm.default: _addmm, aten.baddbmm.default: _addmm,
+    aten.convolution.default: _convolution,
+    aten.max_pool2d_with_indices.default: _max_pool, aten.max_pool3d_with_indices.default: _max_pool,
+    aten.avg_pool2d.default: _avg_pool, aten.avg_pool3d.default: _avg_pool,
+    aten._adaptive_avg_pool2d.default: _adaptive("sum"), aten._adaptive_avg_pool3d.default: _adaptive("sum"),
+    aten.adaptive_max_pool2d.default: _adaptive("max_reduce"),
+    aten.native_layer_norm.default: _layer_norm,
+    aten._native_batch_norm_legit_no_training.default: _batch_norm_eval,
+    aten.native_batch_norm.default: _native_batch_norm,
+    aten.native_group_norm.default: _group_norm,
+    # movement
+    aten.view.default: _view, aten._unsafe_view.default: _view, aten.reshape.default: _view,
+    aten.squeeze.dim: _view, aten.squeeze.dims: _view, aten.squeeze.default: _view,
+    aten.unsqueeze.default: _unsqueeze,
+    aten.permute.default: _permute,
+    aten.transpose.int: _transpose, aten.t.default: _transpose,
+    aten.expand.default: _expand,
+    aten.slice.Tensor: _slice,
+    aten.select.int: _select,
+    aten.cat.default: _cat,
+    aten.split_with_sizes.default: _split_sizes, aten.split.Tensor: _split,
+    aten.unbind.int: _unbind,
+    aten.flip.default: _flip,
+    aten.repeat.default: _repeat,
+    aten.constant_pad_nd.default: _constant_pad,
+    aten.triu.default: _tri(False), aten.tril.default: _tri(True),
+    # indexing
+    aten.index.Tensor: _index,
+    aten.index_select.default: _index_select,
+    aten.gather.default: _gather_dim,
+    aten.embedding.default: _embedding,
+    # creation, casts, no-ops
+    aten.full.default: _full, aten.full_like.default: _full_like,
+    aten.zeros.default: _fill(0), aten.ones.default: _fill(1),
+    aten.zeros_like.default: _fill(0), aten.ones_like.default: _fill(1),
+    aten.empty.memory_format: _fill(0), aten.empty_like.default: _fill(0),  # contents undefined: zeros
+    aten.scalar_tensor.default: _scalar_tensor,
+    aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
+    aten._to_copy.default: _to_copy,
+    aten.clone.default: _identity, aten.alias.default: _identity, aten.detach.default: _identity,
+    aten.lift_fresh_copy.default: _identity, aten.contiguous.default: _identity,
+    aten._assert_tensor_metadata.default: _nothing, aten._assert_scalar.default: _nothing,
+    aten.sym_constrain_range_for_size.default: _nothing,
+    # Python-level nodes: tuple items and size arithmetic
+    operator.getitem: lambda ctx, xs, k: xs[k],
+    aten.sym_size.int: _sym_size,
+    operator.add: _sym_binary(operator.add), operator.sub: _sym_binary(operator.sub),
+    operator.mul: _sym_binary(operator.mul), operator.floordiv: _sym_binary(operator.floordiv),
+    operator.mod: _sym_binary(operator.mod),
+}

@@ -1,0 +1,320 @@
+"""Tensor math spelled in IR primitives, with torch's broadcasting and type promotion.
+
+Every helper takes IR nodes or Python scalars and returns a node. High-level functions
+(exp, tanh, erf, softmax, matmul, ...) are compositions the rewrites rediscover later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from eclat.ir import graph as g
+from eclat.ir.dtypes import DType
+from eclat.ir.graph import Node
+from eclat.ir.symbolic import as_int, prod, sint, sym_eq
+
+Scalar = bool | int | float
+Value = Node | Scalar
+
+LOG2E, LN2 = 1 / math.log(2), math.log(2)
+
+# torch's promotion order within the IR's dtypes (float16 + bfloat16 -> float32 is handled below)
+_RANK = {DType.bool: 0, DType.int32: 1, DType.int64: 2, DType.float16: 3, DType.bfloat16: 3,
+         DType.float32: 4}
+
+
+def _category(d: DType) -> int:
+    return 0 if d is DType.bool else 2 if d.is_float else 1
+
+
+def _scalar_dtype(x: Scalar) -> DType:
+    return DType.bool if isinstance(x, bool) else DType.int64 if isinstance(x, int) else DType.float32
+
+
+def _widest(ds: list[DType]) -> DType:
+    if DType.float16 in ds and DType.bfloat16 in ds:
+        return DType.float32
+    return max(ds, key=lambda d: _RANK[d])
+
+
+def promote(*xs: Value) -> DType:
+    """torch.result_type: dimensioned tensors beat 0-dim tensors beat Python scalars,
+    unless a lower tier brings a higher category (bool < integer < float)."""
+    tiers: list[list[DType]] = [[], [], []]
+    for x in xs:
+        if isinstance(x, Node):
+            tiers[0 if x.shape else 1].append(x.dtype)
+        else:
+            tiers[2].append(_scalar_dtype(x))
+    top = max(_category(d) for tier in tiers for d in tier)
+    for k, tier in enumerate(tiers):
+        best = [d for d in tier if _category(d) == top]
+        if best:
+            return _widest(best) if k < 2 else (DType.float32 if top == 2 else _widest(best))
+    raise AssertionError("unreachable")
+
+
+def broadcast_shape(*shapes: Sequence[sint]) -> tuple[sint, ...]:
+    n = max((len(s) for s in shapes), default=0)
+    out: list[sint] = []
+    for k in range(n):
+        dims = [s[len(s) - n + k] for s in shapes if len(s) - n + k >= 0]
+        big = [d for d in dims if as_int(d) != 1]
+        for d in big[1:]:
+            if not sym_eq(d, big[0]):
+                raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+        out.append(big[0] if big else 1)
+    return tuple(out)
+
+
+def lift(x: Value, dtype: DType, shape: Sequence[sint] | None = None) -> Node:
+    """x as a node of dtype, broadcast to shape if given (a Python scalar becomes a Const)."""
+    node = g.const(dtype.np.type(x).item(), dtype) if not isinstance(x, Node) else g.cast(x, dtype)
+    return node if shape is None else g.expand_to(node, shape)
+
+
+def shape_of(x: Value) -> tuple[sint, ...]:
+    return x.shape if isinstance(x, Node) else ()
+
+
+def elementwise(op: str, *xs: Value, dtype: DType | None = None) -> Node:
+    """A binary or ternary primitive after broadcasting and promoting its operands."""
+    dtype = dtype or promote(*xs)
+    shape = broadcast_shape(*(shape_of(x) for x in xs))
+    nodes = [lift(x, dtype, shape) for x in xs]
+    return g.binary(op, *nodes)
+
+
+def add(a: Value, b: Value) -> Node: return elementwise("add", a, b)
+def mul(a: Value, b: Value) -> Node: return elementwise("mul", a, b)
+def maximum(a: Value, b: Value) -> Node: return elementwise("max", a, b)
+
+
+def neg(a: Value) -> Node:
+    a = lift(a, promote(a))
+    if a.dtype is DType.bool:
+        raise TypeError("negation of a bool tensor")
+    return g.unary("neg", a)
+
+
+def sub(a: Value, b: Value) -> Node:
+    dtype = promote(a, b)
+    return add(lift(a, dtype), neg(lift(b, dtype)))
+
+
+def minimum(a: Value, b: Value) -> Node:
+    dtype = promote(a, b)
+    if dtype is DType.bool:  # min of bools is "and"
+        return logical_and(a, b)
+    return neg(maximum(neg(lift(a, dtype)), neg(lift(b, dtype))))
+
+
+def to_float(x: Value) -> Node:
+    """x as a floating tensor (integers and bools promote to float32, as torch's float ops do)."""
+    x = lift(x, promote(x))
+    return x if x.dtype.is_float else g.cast(x, DType.float32)
+
+
+def float_pair(a: Value, b: Value) -> tuple[Node, Node]:
+    dtype = promote(a, b)
+    dtype = dtype if dtype.is_float else DType.float32
+    shape = broadcast_shape(shape_of(a), shape_of(b))
+    return lift(a, dtype, shape), lift(b, dtype, shape)
+
+
+def unary(op: str, x: Value) -> Node:
+    return g.unary(op, to_float(x))
+
+
+def recip(x: Value) -> Node: return unary("recip", x)
+def sqrt(x: Value) -> Node: return unary("sqrt", x)
+def rsqrt(x: Value) -> Node: return recip(sqrt(x))
+def sin(x: Value) -> Node: return unary("sin", x)
+
+
+def div(a: Value, b: Value) -> Node:
+    a, b = float_pair(a, b)
+    return mul(a, recip(b))
+
+
+def exp(x: Value) -> Node: return unary("exp2", mul(to_float(x), LOG2E))
+def log(x: Value) -> Node: return mul(unary("log2", x), LN2)
+def sigmoid(x: Value) -> Node: return recip(add(exp(neg(to_float(x))), 1.0))
+def tanh(x: Value) -> Node: return sub(mul(sigmoid(mul(to_float(x), 2.0)), 2.0), 1.0)
+
+
+def cos(x: Value) -> Node:
+    # 1 - 2 sin^2(x/2): exact argument halving, so no rounding of x + pi/2 for large x
+    s = sin(mul(to_float(x), 0.5))
+    return sub(1.0, mul(mul(s, s), 2.0))
+
+
+def polynomial(x: Node, coefs: Sequence[float]) -> Node:
+    """sum(coefs[k] * x**k) by Horner's rule."""
+    acc: Value = coefs[-1]
+    for c in coefs[-2::-1]:
+        acc = add(mul(acc, x), c)
+    assert isinstance(acc, Node)
+    return acc
+
+
+# erf, fitted here (Chebyshev least squares against math.erf, in float64) and checked in
+# float32 to < 1e-7 absolute error. |x| < 1: erf(x) = x * P(2x^2 - 1).
+# 1 <= |x| < 4: erf(|x|) = 1 - exp(-x^2) * Q((2|x| - 5) / 3). |x| >= 4: erf = +-1 in float32.
+_ERF_P = (0.9654687386, -0.1405360973, 0.01985249772, -0.002285419519, 0.0002175119891,
+          -1.766909025e-05, 1.231640691e-06)
+_ERF_Q = (0.2108063575, -0.1115214015, 0.05611095852, -0.02699778989, 0.01248403471,
+          -0.005611769039, 0.002425888219, -0.0009155542474, 0.0003678646643, -0.0002455073563,
+          9.640629662e-05)
+
+
+def erf(x: Value) -> Node:
+    x = to_float(x)
+    x2 = mul(x, x)
+    small = mul(x, polynomial(sub(mul(x2, 2.0), 1.0), _ERF_P))
+    u = minimum(abs_(x), 4.0)
+    large = sub(1.0, mul(exp(neg(mul(u, u))), polynomial(mul(sub(mul(u, 2.0), 5.0), 1 / 3), _ERF_Q)))
+    signed = where(lt(x, 0.0), neg(large), large)
+    return where(lt(abs_(x), 1.0), small, signed)
+
+
+def gelu(x: Value, approximate: str = "none") -> Node:
+    x = to_float(x)
+    if approximate == "tanh":
+        inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715)), math.sqrt(2 / math.pi))
+        return mul(mul(x, 0.5), add(tanh(inner), 1.0))
+    if approximate != "none":
+        raise ValueError(f"gelu: unknown approximation {approximate!r}")
+    return mul(mul(x, 0.5), add(erf(mul(x, math.sqrt(0.5))), 1.0))
+
+
+def abs_(x: Value) -> Node:
+    x = lift(x, promote(x))
+    return x if x.dtype is DType.bool else maximum(x, neg(x))
+
+
+# --- comparisons and logic (only `lt` and `where` are primitive) ---------------------------
+
+def lt(a: Value, b: Value) -> Node:
+    return elementwise("lt", a, b)
+
+
+def where(cond: Value, a: Value, b: Value) -> Node:
+    dtype = promote(a, b)
+    shape = broadcast_shape(shape_of(cond), shape_of(a), shape_of(b))
+    return g.where(lift(cond, DType.bool, shape), lift(a, dtype, shape), lift(b, dtype, shape))
+
+
+def logical_not(x: Value) -> Node: return where(x, False, True)
+def logical_and(a: Value, b: Value) -> Node: return where(a, lift(b, DType.bool), False)
+def logical_or(a: Value, b: Value) -> Node: return where(a, True, lift(b, DType.bool))
+def logical_xor(a: Value, b: Value) -> Node: return where(a, logical_not(b), lift(b, DType.bool))
+
+
+def gt(a: Value, b: Value) -> Node: return lt(b, a)
+def ge(a: Value, b: Value) -> Node: return logical_not(lt(a, b))
+def le(a: Value, b: Value) -> Node: return logical_not(lt(b, a))
+def ne(a: Value, b: Value) -> Node: return logical_or(lt(a, b), lt(b, a))
+def eq(a: Value, b: Value) -> Node: return logical_not(ne(a, b))
+
+
+# --- rounding ------------------------------------------------------------------------------
+
+def trunc(x: Node) -> Node:
+    if not x.dtype.is_float:
+        return x
+    # from 2**23 on every float32 is an integer (and inf stays inf)
+    return where(lt(abs_(x), 2.0**23), sub(x, g.binary("mod", x, lift(1.0, x.dtype, x.shape))), x)
+
+
+def floor(x: Node) -> Node:
+    t = trunc(x)
+    return t if not x.dtype.is_float else where(lt(x, t), sub(t, 1.0), t)
+
+
+def int_div(a: Node, b: Node, mode: str) -> Node:
+    """Integer a / b rounded toward zero ("trunc") or down ("floor"), in integers."""
+    r = elementwise("mod", a, b)  # C remainder: a - r is an exact multiple of b
+    exact = div(sub(a, r), b)  # an integer in float, off by rounding only: round half away from zero
+    t = g.cast(add(exact, where(lt(exact, 0.0), -0.5, 0.5)), a.dtype)
+    if mode == "floor":
+        # C truncation rounds up for negative non-exact quotients
+        fix = logical_and(ne(r, 0), ne(lt(r, 0), lt(b, 0)))
+        t = where(fix, sub(t, 1), t)
+    return t
+
+
+# --- reductions and movement ---------------------------------------------------------------
+
+def reduce(op: str, x: Node, axes: Sequence[int], keepdim: bool = False) -> Node:
+    nd = len(x.shape)
+    axes = sorted({a % nd for a in axes} if nd else set(), reverse=True)
+    out = x
+    for a in axes:
+        out = g.reduce(op, out, a)
+    if keepdim:
+        shape = tuple(1 if k in axes else n for k, n in enumerate(x.shape))
+        out = reshape(out, shape)
+    return out
+
+
+def numel_of(shape: Sequence[sint]) -> sint:
+    return prod(shape)
+
+
+def mean(x: Node, axes: Sequence[int], keepdim: bool = False) -> Node:
+    nd = len(x.shape)
+    axes = list(range(nd)) if not axes else [a % nd for a in axes]
+    n = numel_of([x.shape[a] for a in axes])
+    s = reduce("sum", to_float(x), axes, keepdim)
+    if as_int(n) is not None:
+        return mul(s, 1.0 / n if n else math.nan)
+    return div(s, g.cast(size_node(n), s.dtype))
+
+
+def size_node(n: sint) -> Node:
+    """A symbolic size as a 0-dim int64 tensor (the length of an iota, summed)."""
+    if as_int(n) is not None:
+        return g.const(as_int(n), DType.int64)
+    return g.reduce("sum", g.expand_to(g.const(1, DType.int64), (n,)), 0)
+
+
+def reshape(x: Node, shape: Sequence[sint]) -> Node:
+    shape = tuple(shape)
+    if len(shape) == len(x.shape) and all(sym_eq(a, b) for a, b in zip(shape, x.shape)):
+        return x
+    return g.movement(x, lambda v: v.reshape(shape))
+
+
+def permute(x: Node, order: Sequence[int]) -> Node:
+    order = [o % len(x.shape) for o in order] if x.shape else []
+    if order == sorted(order):
+        return x
+    return g.movement(x, lambda v: v.permute(order))
+
+
+def softmax(x: Node, axis: int, log_: bool = False) -> Node:
+    x = to_float(x)
+    shifted = sub(x, reduce("max_reduce", x, [axis], keepdim=True))
+    e = exp(shifted)
+    total = reduce("sum", e, [axis], keepdim=True)
+    return sub(shifted, log(total)) if log_ else mul(e, recip(total))
+
+
+def matmul(a: Node, b: Node) -> Node:
+    """a @ b with broadcast batch dims, as SumReduce(Mul(expand a, expand b)) over a last
+    K axis: a[..., M, K] -> [..., M, N, K], b[..., K, N] -> [..., M, N, K]."""
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ValueError("matmul helper needs matrices; vectors are unsqueezed by the caller")
+    dtype = promote(a, b)
+    a, b = lift(a, dtype), lift(b, dtype)
+    (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
+    if not sym_eq(k, k2):
+        raise ValueError(f"matmul: inner sizes differ: {list(a.shape)} @ {list(b.shape)}")
+    batch = broadcast_shape(a.shape[:-2], b.shape[:-2])
+    full = (*batch, m, n, k)
+    ae = g.expand_to(reshape(a, (*a.shape[:-1], 1, k)), full)
+    bt = permute(b, [*range(len(b.shape) - 2), len(b.shape) - 1, len(b.shape) - 2])
+    be = g.expand_to(reshape(bt, (*bt.shape[:-2], 1, n, k)), full)
+    return g.reduce("sum", g.binary("mul", ae, be), len(full) - 1)
