@@ -114,8 +114,8 @@ def describe_devices(cache_dir: str | os.PathLike | None = None,
             if measure:
                 try:
                     row.update(get_device(target, cache_dir=cache_dir).to_dict())
-                except (EclatError, OSError, RuntimeError) as e:
-                    row["error"] = str(e)
+                except Exception as e:  # noqa: BLE001 - one broken device must not hide the others
+                    row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
     return rows
 
@@ -353,7 +353,9 @@ class _CpuProbe:
                       launch_overhead_us=round(best / calls_n * 1e6, 4), threads=threads,
                       info={"features": [f for f in _CPU_FEATURES if f in features],
                             "vector_lanes_f32": lanes, "llc_bytes": _llc_bytes(),
-                            "llvm_cpu": _llvm_cpu_name()})
+                            "llvm_cpu": _llvm_cpu_name(),
+                            # other processes lower the peaks: a high load here means remeasure later
+                            "load_during_measurement": round(os.getloadavg()[0], 2)})
 
 
 def _timed_loop(fn: Callable[[], Any], n: int) -> float:
