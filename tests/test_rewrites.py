@@ -197,3 +197,20 @@ def test_twelve_layer_llama_is_bounded():
     assert seconds < 5.0
     assert res.stats["enodes"] <= 30000
     assert_same(graph, res.candidates[0])
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "llama"])
+def test_optimize_zoo_models(name: str):
+    lower = pytest.importorskip("eclat.frontend.lower").lower
+    from tests.zoo import ZOO
+
+    model, example = ZOO[name]()
+    graph = lower(model, example)
+    arrays = [x.numpy() for x in example]
+    res = optimize(graph, "cpu", k=4)
+    assert res.stats["stopped"] == "saturated" and len(res.candidates) >= 2
+    for cand in [_round_trip(graph), *res.candidates]:
+        assert cand.out_spec is graph.out_spec
+        for p, q in zip(run(graph, arrays), run(cand, arrays)):
+            np.testing.assert_allclose(q, p, rtol=1e-4, atol=1e-4)
+    assert res.candidates[0].op_counts().get("matmul", 0) >= 1
