@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -104,3 +105,20 @@ def test_opencl_measured(tmp_path):
     _plausible(d)
     assert d.kind == "opencl" and d.info["compute_units"] == d.threads
     assert get_device("opencl:0", cache_dir=tmp_path) == d  # same device, from the cache
+
+
+_CUDA_SHIM = """
+#define __global__
+struct dim3_ { unsigned x, y, z; };
+static dim3_ blockIdx, blockDim, threadIdx;
+static inline float fmaf(float a, float b, float c) { return a * b + c; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cuda_benchmark_source_is_valid_cpp(tmp_path):
+    # no GPU here: at least the CUDA dialect of the benchmark kernels must parse (against a tiny shim)
+    src = tmp_path / "bench.cu"
+    src.write_text(_CUDA_SHIM + dev_mod._gpu_source("cuda"))
+    proc = subprocess.run(["g++", "-fsyntax-only", "-x", "c++", str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
