@@ -78,6 +78,11 @@ def test_failing_candidate_is_skipped_with_reason():
     assert r.failures[0].stage == "time" and "RuntimeError: kernel failed to build" in r.failures[0].reason
 
 
+def test_nonsense_time_is_a_failure():
+    r = search(cands([1, 2], [float("nan"), 7]), time_fn=lambda c: c.payload[0], mode="full", quiet=True)
+    assert r.winner.schedule == {"i": 1} and "gave nan us, not a time" in r.failures[0].reason
+
+
 def test_check_that_raises_rejects():
     def check(c):
         if c.schedule["i"] == 0:

@@ -21,13 +21,14 @@ candidate whose timing or check raises is skipped and its reason recorded.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import EclatError
 from .db import TuningDB, TuningKey, schedule_json
-from .measure import Timing, run_isolated
+from .measure import CandidateFailed, Timing, run_isolated
 from .progress import progress
 from .roofline import DEFAULT_MARGIN, should_prune
 
@@ -154,6 +155,8 @@ def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckF
         try:
             t = time_fn(c)
             us = t.median_us if isinstance(t, Timing) else float(t)
+            if not math.isfinite(us) or us < 0:
+                raise CandidateFailed(f"time_fn gave {us} us, not a time")
         except Exception as e:  # noqa: BLE001 - any failure of a candidate only skips it
             failures.append(Failure(c.schedule, "time", f"{type(e).__name__}: {e}"))
             continue
