@@ -1,0 +1,385 @@
+"""Every entry of the frontend's lowering table against PyTorch, through the interpreter.
+
+Ops are called directly (no torch.export, so the suite stays fast): tensor arguments become
+graph inputs, the lowering builds primitives, the numpy interpreter runs them, and the
+result must equal torch's op on the same values (same dtype and shape, rtol 1e-4,
+atol 1e-5; integers and bools exactly). `NC` passes a tensor as a non-contiguous view.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from eclat.frontend.lower import Ctx, Unavailable, ir_dtype
+from eclat.frontend.ops import LOWERINGS
+from eclat.ir import graph as g
+from eclat.ir.graph import Graph
+from eclat.ir.interpreter import run
+
+aten = torch.ops.aten
+CONV = aten.convolution.default
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@dataclass
+class NC:
+    """A tensor given to the lowering as a transposed view of a differently laid out input."""
+    t: torch.Tensor
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rn(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=_gen(seed))
+
+
+def ri(lo: int, hi: int, *shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(lo, hi, shape, generator=_gen(seed))
+
+
+def rb(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.rand(*shape, generator=_gen(seed)) > 0.5
+
+
+def pos(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.rand(*shape, generator=_gen(seed)) + 0.1
+
+
+def lower_call(op: Any, args: tuple, kwargs: dict) -> tuple[Any, list[np.ndarray], Any]:
+    """(torch's result, the interpreter's results, the raw lowering output) for op(*args)."""
+    unwrap = lambda a: a.t if isinstance(a, NC) else a
+    targs = torch.utils._pytree.tree_map(unwrap, (args, kwargs), is_leaf=lambda a: isinstance(a, NC))
+    ref = op(*targs[0], **targs[1])
+    inputs, arrays = [], []
+
+    def to_ir(a: Any) -> Any:
+        if isinstance(a, NC):  # store it transposed; the lowering sees a permute view
+            stored = a.t.transpose(-1, -2).contiguous()
+            node = g.input_(f"x{len(inputs)}", tuple(stored.shape), ir_dtype(stored.dtype))
+            inputs.append(node)
+            arrays.append(stored.numpy())
+            nd = stored.dim()
+            return g.movement(node, lambda v: v.permute([*range(nd - 2), nd - 1, nd - 2]))
+        if isinstance(a, torch.Tensor):
+            node = g.input_(f"x{len(inputs)}", tuple(a.shape), ir_dtype(a.dtype))
+            inputs.append(node)
+            arrays.append(a.numpy())
+            return node
+        return a
+
+    iargs = torch.utils._pytree.tree_map(to_ir, (args, kwargs), is_leaf=lambda a: isinstance(a, NC))
+    ctx = Ctx({})
+    first = ref[0] if isinstance(ref, (tuple, list)) else ref
+    if isinstance(first, torch.Tensor):
+        ctx.out_shape, ctx.out_dtype = tuple(first.shape), ir_dtype(first.dtype)
+    out = LOWERINGS[op](ctx, *iargs[0], **iargs[1])
+    outs = list(out) if isinstance(out, tuple) else [out]
+    nodes = [o for o in outs if isinstance(o, g.Node)]
+    results = iter(run(Graph(inputs, nodes, ctx.weights), arrays))
+    return ref, [next(results) if isinstance(o, g.Node) else None for o in outs], out
+
+
+def assert_matches(ref: torch.Tensor, got: np.ndarray | None, values: bool = True) -> None:
+    if got is None:  # a result eclat does not compute (pooling indices)
+        return
+    expected = ref.numpy()
+    assert got.dtype == expected.dtype, (got.dtype, expected.dtype)
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    if not values:
+        return
+    if expected.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
+
+
+@dataclass
+class Case:
+    op: Any
+    args: tuple
+    kwargs: dict
+    name: str
+    values: bool = True  # False: contents are undefined (empty), only shape and dtype count
+
+
+def C(op: Any, *args: Any, _name: str = "", _values: bool = True, **kwargs: Any) -> Case:
+    return Case(op, args, kwargs, _name, _values)
+
+
+X, Y = rn(3, 4), rn(3, 4, seed=1)
+I34 = ri(-5, 6, 3, 4)
+NZ = ri(1, 5, 3, 4) * torch.where(rb(3, 4), 1, -1)  # non-zero integers of both signs
+SPECIAL = torch.tensor([0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e-30, 3e7, -1e9,
+                        math.inf, -math.inf, math.nan])
+
+CASES: list[Case] = [
+    # arithmetic with broadcasting, scalars, integer promotion
+    C(aten.add.Tensor, X, rn(4, seed=2)), C(aten.add.Tensor, X, Y, alpha=2.5, _name="alpha"),
+    C(aten.add.Tensor, I34, 2.5, _name="int+float"), C(aten.add.Tensor, rn(3, 1), rn(1, 4), _name="outer"),
+    C(aten.add.Tensor, X, torch.tensor(2, dtype=torch.int64), _name="0dim-int"),
+    C(aten.add.Scalar, I34, 3), C(aten.add.Tensor, NC(rn(4, 3)), rn(3), _name="noncontig"),
+    C(aten.sub.Tensor, X, Y, alpha=2), C(aten.sub.Scalar, I34, 7), C(aten.sub.Tensor, rn(1), rn(5, 1)),
+    C(aten.rsub.Scalar, X, 2.0), C(aten.rsub.Tensor, X, Y, alpha=3.0),
+    C(aten.mul.Tensor, X, Y), C(aten.mul.Tensor, rb(3, 4), rb(3, 4, seed=1), _name="bool"),
+    C(aten.mul.Scalar, I34, 3), C(aten.mul.Tensor, rn(2, 1, 4), NC(rn(3, 4)), _name="bcast-noncontig"),
+    C(aten.div.Tensor, X, pos(3, 4)), C(aten.div.Tensor, I34, NZ, _name="int-true-div"),
+    C(aten.div.Scalar, X, 3.0), C(aten.div.Tensor, X, torch.zeros(4), _name="by-zero"),
+    C(aten.div.Tensor_mode, X * 10, Y, rounding_mode="floor"),
+    C(aten.div.Tensor_mode, X * 10, Y, rounding_mode="trunc", _name="trunc"),
+    C(aten.div.Tensor_mode, I34 * 7, NZ, rounding_mode="floor", _name="int-floor"),
+    C(aten.div.Tensor_mode, I34 * 7, NZ, rounding_mode="trunc", _name="int-trunc"),
+    C(aten.div.Scalar_mode, I34, 2, rounding_mode="floor"),
+    C(aten.fmod.Tensor, X * 5, Y),
+    C(aten.fmod.Scalar, I34, 3),
+    C(aten.fmod.Scalar, X * 5, 1.5, _name="float"),
+    C(aten.remainder.Tensor, X * 5, Y), C(aten.remainder.Scalar, I34, 3),
+    C(aten.remainder.Tensor, I34, NZ, _name="int-negative-divisor"),
+    C(aten.neg.default, X), C(aten.neg.default, I34, _name="int"),
+    C(aten.pow.Tensor_Scalar, X, 2), C(aten.pow.Tensor_Scalar, X, 3, _name="cube"),
+    C(aten.pow.Tensor_Scalar, pos(3, 4), 0.5, _name="sqrt"),
+    C(aten.pow.Tensor_Scalar, pos(3, 4), -0.5, _name="rsqrt"),
+    C(aten.pow.Tensor_Scalar, pos(3, 4), 1.7, _name="general"),
+    C(aten.pow.Tensor_Scalar, X, -2, _name="neg-int"),
+    C(aten.pow.Tensor_Scalar, X, 0, _name="zero"), C(aten.pow.Tensor_Scalar, I34, 3, _name="int"),
+    C(aten.pow.Tensor_Scalar, X, 1.0, _name="one"),
+    C(aten.pow.Tensor_Tensor, pos(3, 4), rn(4)),
+    C(aten.pow.Tensor_Tensor, torch.zeros(3), torch.tensor([0., 1., 2.]),
+                                                   _name="zero-base"),
+    C(aten.pow.Scalar, 2.0, X), C(aten.pow.Scalar, 0.5, X, _name="half"),
+    C(aten.abs.default, X), C(aten.abs.default, I34, _name="int"),
+    C(aten.sign.default, torch.cat([X.flatten(), SPECIAL[:2]])), C(aten.sign.default, I34, _name="int"),
+    C(aten.floor.default, torch.cat([X.flatten() * 3, SPECIAL])), C(aten.floor.default, I34, _name="int"),
+    C(aten.ceil.default, torch.cat([X.flatten() * 3, SPECIAL])),
+    C(aten.trunc.default, torch.cat([X.flatten() * 3, SPECIAL])),
+    C(aten.round.default, torch.cat([X.flatten() * 3, SPECIAL, torch.tensor([0.5, 1.5, 2.5, 3.5, -3.5])])),
+    C(aten.round.decimals, X * 3, decimals=0),
+    C(aten.maximum.default, X, Y), C(aten.maximum.default, I34, rn(4), _name="int-float"),
+    C(aten.minimum.default, X, rn(4)), C(aten.minimum.default, rb(4), rb(4, seed=1), _name="bool"),
+    C(aten.clamp.default, X, -0.5, 0.5), C(aten.clamp.default, X, None, 0.1, _name="max-only"),
+    C(aten.clamp.default, I34, -2, _name="int-min"),
+    C(aten.clamp.Tensor, X, Y, Y + 1), C(aten.clamp_min.default, X, 0.2), C(aten.clamp_max.default, I34, 1),
+    # transcendental: wide ranges and special values
+    C(aten.exp.default, torch.cat([X.flatten() * 10, SPECIAL[:-4]])), C(aten.exp.default, I34, _name="int"),
+    C(aten.exp2.default, X * 10), C(aten.expm1.default, X),
+    C(aten.log.default, torch.cat([pos(12) * 100, torch.tensor([0.0, 1.0, math.inf])])),
+    C(aten.log.default, -pos(3), _name="negative-nan"),
+    C(aten.log2.default, pos(3, 4)), C(aten.log1p.default, pos(3, 4)),
+    C(aten.sqrt.default, torch.cat([pos(12), torch.tensor([0.0, -1.0])])),
+    C(aten.sqrt.default, ri(0, 9, 5), _name="int"),
+    C(aten.rsqrt.default, pos(3, 4)),
+    C(aten.reciprocal.default, X),
+    C(aten.reciprocal.default, NZ, _name="int"),
+    C(aten.sin.default, X * 10),
+    C(aten.cos.default, torch.cat([X.flatten() * 10, torch.linspace(-100, 100, 101)])),
+    C(aten.tanh.default, torch.cat([X.flatten() * 5, torch.tensor([0.0, 1e-6, 50.0, -50.0, 1e4, -1e4])])),
+    C(aten.sigmoid.default, torch.cat([X.flatten() * 5, torch.tensor([100.0, -100.0, 1e30, -1e30])])),
+    C(aten.erf.default, torch.cat([torch.linspace(-6, 6, 1201), SPECIAL])),
+    # activations
+    C(aten.relu.default, X), C(aten.relu.default, I34, _name="int"),
+    C(aten.gelu.default, torch.linspace(-8, 8, 801)), C(aten.gelu.default, torch.linspace(-8, 8, 801),
+                                                      approximate="tanh", _name="tanh"),
+    C(aten.silu.default, X * 5), C(aten.hardtanh.default, X, -0.5, 0.5), C(aten.leaky_relu.default, X, 0.2),
+    C(aten.elu.default, X, 1.5, 1.0, 1.0),
+    # comparisons and logic (results are bool)
+    *[C(op, X, Y) for op in (aten.lt.Tensor, aten.gt.Tensor, aten.le.Tensor, aten.ge.Tensor, aten.eq.Tensor,
+                             aten.ne.Tensor)],
+    *[C(op, I34, 0.5) for op in (aten.lt.Scalar, aten.gt.Scalar, aten.le.Scalar, aten.ge.Scalar)],
+    C(aten.eq.Scalar, I34, 1), C(aten.ne.Scalar, I34, 1), C(aten.eq.Tensor, X, X.clone(), _name="equal"),
+    C(aten.lt.Tensor, I34, rn(4), _name="int-float"),
+    C(aten.where.self, rb(3, 4), X, Y), C(aten.where.self, rb(3, 1), I34, rn(4), _name="promote-bcast"),
+    C(aten.where.self, rb(4), X, torch.tensor(-math.inf), _name="0dim"),
+    C(aten.masked_fill.Scalar, X, rb(4), -1e9), C(aten.masked_fill.Tensor, X, rb(3, 4), torch.tensor(2.0)),
+    C(aten.logical_not.default, rb(3, 4)), C(aten.logical_not.default, I34, _name="int"),
+    C(aten.logical_and.default, rb(3, 4), rb(3, 4, seed=1)), C(aten.logical_or.default, rb(3, 4), X),
+    C(aten.logical_xor.default, rb(3, 4), rb(4, seed=1)), C(aten.bitwise_not.default, rb(3, 4)),
+    C(aten.bitwise_and.Tensor, rb(3, 4), rb(3, 4, seed=1)), C(aten.bitwise_and.Scalar, rb(3, 4), True),
+    C(aten.bitwise_or.Tensor, rb(3, 4), rb(4, seed=1)), C(aten.bitwise_or.Scalar, rb(3, 4), False),
+    C(aten.bitwise_xor.Tensor, rb(3, 4), rb(3, 4, seed=1)), C(aten.bitwise_xor.Scalar, rb(3, 4), True),
+    # reductions: negative dims, keepdim, all dims, empty, integer accumulation
+    C(aten.sum.dim_IntList, X, [-1]), C(aten.sum.dim_IntList, rn(2, 3, 4), [0, 2], True, _name="keepdim"),
+    C(aten.sum.dim_IntList, rn(2, 0, 3), [1], _name="empty"), C(aten.sum.dim_IntList, I34, [0], _name="int"),
+    C(aten.sum.dim_IntList, rb(3, 4), [1], _name="bool"), C(aten.sum.dim_IntList, X, [], _name="all"),
+    C(aten.sum.dim_IntList, NC(rn(4, 3)), [0], dtype=torch.float32, _name="noncontig"),
+    C(aten.sum.default, X), C(aten.sum.default, I34, _name="int"),
+    C(aten.mean.dim, X, [-1], True), C(aten.mean.dim, rn(2, 3, 4), [0, 1], _name="two"),
+    C(aten.mean.dim, rn(2, 0), [1], _name="empty-nan"), C(aten.mean.default, X),
+    C(aten.amax.default, X, [1]), C(aten.amax.default, rn(2, 3, 4), [0, -1], True, _name="keepdim"),
+    C(aten.amax.default, I34, [0], _name="int"),
+    C(aten.amin.default, X, [0]),
+    C(aten.amin.default, rb(3, 4), [1]),
+    C(aten.max.default, X), C(aten.min.default, I34),
+    C(aten.max.dim, X, 1), C(aten.max.dim, rn(2, 3, 4), -2, True, _name="keepdim"),
+    C(aten.max.dim, torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]]), 1, _name="ties-first"),
+    C(aten.min.dim, X, 0), C(aten.argmax.default, X, 1), C(aten.argmax.default, X, _name="flat"),
+    C(aten.argmax.default, X, 0, True, _name="keepdim"), C(aten.argmin.default, I34, -1),
+    C(aten.any.default, rb(3, 4)), C(aten.any.dim, X > 1, 1), C(aten.any.dims, I34, [0, 1]),
+    C(aten.all.default, I34), C(aten.all.dim, rb(3, 4), -1, True), C(aten.all.dims, X > -1, [1]),
+    C(aten.var.correction, X, [1]), C(aten.var.correction, rn(2, 3, 4), [0, 2], correction=0, keepdim=True,
+                                      _name="biased-keepdim"),
+    C(aten.var.correction, X, None, _name="all"),
+    C(aten._softmax.default, X * 10, -1, False), C(aten._softmax.default, rn(2, 3, 4), 1, False, _name="mid"),
+    C(aten._softmax.default, torch.tensor([[0.0, -math.inf, 1.0]]), -1, False, _name="masked"),
+    C(aten._log_softmax.default, X * 10, -1, False), C(aten._log_softmax.default, NC(rn(4, 3)), 0, False),
+    C(aten.cumsum.default, X, 1), C(aten.cumsum.default, rn(2, 3, 4), 0, _name="first"),
+    C(aten.cumsum.default, I34, -1, _name="int"), C(aten.cumsum.default, rb(5), 0, _name="bool"),
+    C(aten.cumsum.default, X, 1, dtype=torch.float32, _name="dtype"),
+    # linear algebra
+    C(aten.mm.default, rn(3, 5), rn(5, 4)), C(aten.mm.default, NC(rn(3, 5)), NC(rn(5, 4)), _name="noncontig"),
+    C(aten.mm.default, rn(1, 5), rn(5, 1), _name="size1"),
+    C(aten.bmm.default, rn(2, 3, 5), rn(2, 5, 4)),
+    C(aten.bmm.default, rn(2, 3, 5), NC(rn(2, 5, 4)), _name="nc"),
+    C(aten.addmm.default, rn(4), rn(3, 5), rn(5, 4)),
+    C(aten.addmm.default, rn(3, 4), rn(3, 5), rn(5, 4), beta=0.5, alpha=2.0, _name="scaled"),
+    C(aten.baddbmm.default, rn(2, 3, 4), rn(2, 3, 5), rn(2, 5, 4), beta=0.0, alpha=1.5),
+    # convolution and pooling
+    C(CONV, rn(2, 3, 9, 9), rn(4, 3, 3, 3), rn(4), [1, 1], [0, 0], [1, 1], False, [0, 0], 1),
+    C(CONV, rn(1, 4, 10, 9), rn(6, 2, 3, 2), None, [2, 1], [1, 2], [2, 1], False, [0, 0], 2,
+      _name="stride-pad-dilation-groups"),
+    C(CONV, rn(1, 4, 6, 6), rn(4, 1, 3, 3), rn(4), [1, 1], [1, 1], [1, 1], False, [0, 0], 4,
+      _name="depthwise"),
+    C(CONV, rn(2, 2, 8), rn(3, 2, 3), rn(3), [2], [1], [1], False, [0], 1, _name="1d"),
+    C(CONV, rn(1, 2, 4, 4), rn(3, 2, 1, 1), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+      _name="pointwise"),
+    C(aten.max_pool2d_with_indices.default, rn(2, 3, 8, 8), [2, 2]),
+    C(aten.max_pool2d_with_indices.default, -pos(1, 2, 9, 7), [3, 2], [2, 2], [1, 1], [1, 1], True,
+      _name="negative-pad-ceil"),
+    C(aten.max_pool2d_with_indices.default, rn(1, 2, 9, 9), [3, 3], [1, 1], [0, 0], [2, 2], False,
+      _name="dilation"),
+    C(aten.max_pool3d_with_indices.default, rn(1, 2, 4, 4, 4), [2, 2, 2]),
+    C(aten.avg_pool2d.default, rn(2, 3, 8, 8), [2, 2]),
+    C(aten.avg_pool2d.default, rn(1, 2, 9, 7), [3, 3], [2, 2], [1, 1], True, True, _name="ceil-include-pad"),
+    C(aten.avg_pool2d.default, rn(1, 2, 9, 7), [3, 3], [2, 2], [1, 1], False, False, _name="exclude-pad"),
+    C(aten.avg_pool2d.default, rn(1, 2, 6, 6), [2, 2], [2, 2], [0, 0], False, True, 3, _name="divisor"),
+    C(aten.avg_pool3d.default, rn(1, 2, 4, 4, 4), [2, 2, 2]),
+    C(aten._adaptive_avg_pool2d.default, rn(2, 3, 8, 8), [2, 2]),
+    C(aten._adaptive_avg_pool2d.default, rn(1, 2, 7, 5), [3, 2], _name="uneven"),
+    C(aten._adaptive_avg_pool2d.default, rn(1, 2, 5, 5), [1, 1], _name="global"),
+    C(aten._adaptive_avg_pool3d.default, rn(1, 2, 4, 5, 6), [2, 3, 3]),
+    C(aten.adaptive_max_pool2d.default, rn(1, 2, 7, 6), [3, 3]),
+    # normalisation
+    C(aten.native_layer_norm.default, rn(2, 3, 8), [8], rn(8), rn(8), 1e-5),
+    C(aten.native_layer_norm.default, rn(2, 3, 4) * 5 + 3, [3, 4], None, None, 1e-6,
+      _name="two-dims-no-affine"),
+    C(aten._native_batch_norm_legit_no_training.default, rn(2, 3, 4, 4), rn(3), rn(3), rn(3), pos(3),
+      0.1, 1e-5),
+    C(aten.native_batch_norm.default, rn(2, 3, 5), None, rn(3), rn(3), pos(3), False, 0.1, 1e-5),
+    C(aten.native_group_norm.default, rn(2, 6, 3, 3), rn(6), rn(6), 2, 6, 9, 3, 1e-5),
+    # movement
+    C(aten.view.default, X, [4, 3]), C(aten.view.default, X, [-1], _name="flat"),
+    C(aten.view.default, NC(rn(4, 3)), [12], _name="noncontig-copy"),
+    C(aten._unsafe_view.default, rn(2, 3, 4), [6, 4]), C(aten.reshape.default, X, [2, 6]),
+    C(aten.squeeze.dim, rn(3, 1, 4), 1), C(aten.squeeze.dim, X, 0, _name="noop"),
+    C(aten.squeeze.dims, rn(1, 3, 1, 4), [0, -2]), C(aten.squeeze.default, rn(1, 3, 1)),
+    C(aten.unsqueeze.default, X, -1), C(aten.unsqueeze.default, X, 0, _name="front"),
+    C(aten.permute.default, rn(2, 3, 4), [2, 0, 1]),
+    C(aten.permute.default, rn(2, 3, 4), [-1, 1, 0], _name="neg"),
+    C(aten.transpose.int, rn(2, 3, 4), -1, 0), C(aten.t.default, X),
+    C(aten.expand.default, rn(3, 1, 1), [3, -1, 4]),
+    C(aten.expand.default, rn(4), [2, 3, 4], _name="new-dims"),
+    C(aten.slice.Tensor, rn(5, 6), 1, 1, 5, 2),
+    C(aten.slice.Tensor, rn(5, 6), -1, -3, None, _name="negative"),
+    C(aten.slice.Tensor, rn(5, 6), 0, 2, 2**63 - 1, _name="to-end"),
+    C(aten.slice.Tensor, rn(5, 6), 0, 7, 9, _name="empty"), C(aten.slice.Tensor, NC(rn(6, 5)), 0, 1, 4, 2),
+    C(aten.select.int, rn(3, 4, 5), 1, 2), C(aten.select.int, rn(3, 4, 5), -1, -2, _name="negative"),
+    C(aten.cat.default, [X, Y], 0),
+    C(aten.cat.default, [rn(2, 3), rn(2, 1), NC(rn(2, 2))], -1, _name="last-nc"),
+    C(aten.cat.default, [I34, X], 1, _name="promote"),
+    C(aten.cat.default, [X, torch.zeros(0)], 0, _name="legacy-empty"),
+    C(aten.split_with_sizes.default, rn(3, 7), [2, 0, 5], 1), C(aten.split.Tensor, rn(7, 3), 3),
+    C(aten.unbind.int, rn(3, 4), -1),
+    C(aten.flip.default, rn(3, 4, 5), [0, -1]), C(aten.flip.default, NC(rn(4, 3)), [1], _name="nc"),
+    C(aten.repeat.default, rn(2, 3), [2, 1, 3]), C(aten.repeat.default, NC(rn(3, 2)), [2, 2], _name="nc"),
+    C(aten.constant_pad_nd.default, X, [1, 2]),
+    C(aten.constant_pad_nd.default, rn(2, 3, 4), [1, -1, -1, 2], 0.5, _name="negative-value"),
+    C(aten.triu.default, rn(4, 5), 1), C(aten.triu.default, rn(2, 4, 4), -1, _name="batched"),
+    C(aten.tril.default, rn(4, 5)), C(aten.tril.default, I34, 2, _name="int"),
+    # indexing (negative indices count from the end)
+    C(aten.index.Tensor, rn(5, 4), [ri(-5, 5, 3)]),
+    C(aten.index.Tensor, rn(3, 5, 4), [None, ri(-5, 5, 2, 2)]),
+    C(aten.index.Tensor, rn(3, 5, 4), [ri(0, 3, 6), ri(0, 5, 6)], _name="two-adjacent"),
+    C(aten.index.Tensor, rn(3, 5, 4), [ri(0, 3, 2, 1), None, ri(0, 4, 3)], _name="split-bcast"),
+    C(aten.index.Tensor, rn(3, 5, 4, 2), [None, ri(0, 5, 6), ri(0, 4, 6)], _name="adjacent-middle"),
+    C(aten.index_select.default, rn(4, 5), 1, ri(0, 5, 3)), C(aten.index_select.default, rn(4, 5), 0,
+                                                               torch.tensor(2), _name="0dim"),
+    C(aten.gather.default, rn(3, 4), 1, ri(0, 4, 3, 2)), C(aten.gather.default, rn(3, 4), 0, ri(0, 3, 2, 4)),
+    C(aten.embedding.default, rn(10, 4), ri(0, 10, 2, 3)),
+    C(aten.embedding.default, rn(10, 4), ri(0, 10, 5).to(torch.int32), _name="int32"),
+    # creation and casts
+    C(aten.full.default, [2, 3], 1.5), C(aten.full.default, [2, 3], -math.inf, _name="-inf"),
+    C(aten.full.default, [2, 3], 7, dtype=torch.int32, _name="int32"),
+    C(aten.full.default, [], 2.0, _name="0dim"),
+    C(aten.full_like.default, I34, 2.7),
+    C(aten.zeros.default, [2, 3]),
+    C(aten.ones.default, [3], dtype=torch.bool),
+    C(aten.zeros_like.default, X), C(aten.ones_like.default, I34),
+    C(aten.empty.memory_format, [2, 3], _values=False), C(aten.empty_like.default, X, _values=False),
+    C(aten.scalar_tensor.default, 2.5), C(aten.scalar_tensor.default, 3, dtype=torch.int64, _name="int"),
+    C(aten.arange.default, 5), C(aten.arange.start, 2, 7), C(aten.arange.start_step, 0, 2, 0.25),
+    C(aten.arange.start_step, 10, 1, -3, _name="down"),
+    C(aten.arange.start_step, -1.5, 3.0, 0.5, _name="float"),
+    C(aten._to_copy.default, X * 3, dtype=torch.int32), C(aten._to_copy.default, I34, dtype=torch.float32),
+    C(aten._to_copy.default, I34, dtype=torch.bool, _name="bool"),
+    C(aten._to_copy.default, X, dtype=torch.float16),
+    C(aten.clone.default, X), C(aten.alias.default, X), C(aten.detach.default, X),
+    C(aten.lift_fresh_copy.default, X), C(aten.contiguous.default, NC(rn(4, 3))),
+]
+
+
+def _case_id(c: Case) -> str:
+    return f"{c.op}" + (f"-{c.name}" if c.name else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_op_matches_torch(case: Case) -> None:
+    ref, got, _ = lower_call(case.op, case.args, case.kwargs)
+    refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
+    assert len(refs) == len(got)
+    for r, o in zip(refs, got):
+        assert_matches(r, o, case.values)
+
+
+def test_erf_accuracy_wide_range() -> None:
+    x = torch.cat([torch.linspace(-10, 10, 200001), torch.logspace(-30, 1, 1000)])
+    _, (got,), _ = lower_call(aten.erf.default, (x,), {})
+    assert np.abs(got - torch.erf(x).numpy()).max() < 2e-7
+
+
+def test_pooling_indices_are_unavailable() -> None:
+    _, got, out = lower_call(aten.max_pool2d_with_indices.default, (rn(1, 1, 4, 4), [2, 2]), {})
+    assert isinstance(out[1], Unavailable) and got[1] is None
+
+
+@pytest.mark.parametrize("op", [aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+                                aten.sym_constrain_range_for_size.default])
+def test_assertions_lower_to_nothing(op: Any) -> None:
+    assert LOWERINGS[op](Ctx({}), g.input_("x", (2,)), "message") is None
+
+
+def test_python_level_nodes() -> None:
+    ctx, x = Ctx({}), g.input_("x", (2, 5))
+    assert LOWERINGS[operator.getitem](ctx, ("a", "b"), 1) == "b"
+    assert LOWERINGS[aten.sym_size.int](ctx, x, -1) == 5
+    table = {operator.add: 7, operator.sub: 3, operator.mul: 10, operator.floordiv: 2, operator.mod: 1}
+    for op, want in table.items():
+        assert LOWERINGS[op](ctx, 5, 2) == want
+
+
+# Entries whose test is elsewhere: symbolic sizes need torch.export (tests/test_frontend_models.py)
+TESTED_ELSEWHERE = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+                    aten.sym_constrain_range_for_size.default, operator.getitem, aten.sym_size.int,
+                    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod}
+
+
+def test_every_table_entry_has_a_test() -> None:
+    tested = {c.op for c in CASES} | TESTED_ELSEWHERE
+    missing = sorted(str(op) for op in LOWERINGS if op not in tested)
+    assert not missing, f"lowerings without a test: {missing}"
