@@ -216,7 +216,7 @@ def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0,
         if attempt and (len(found) >= k or deadline()):
             break
         noisy = cost if attempt == 0 else [c * math.exp(rng.gauss(0.0, spread)) for c in cost]
-        choice = reachable(data, extract(data, noisy))
+        choice = reachable(data, extract(data, noisy, max_visits=4 if attempt == 0 else 2))
         if choice is None:
             continue
         key = frozenset(choice.values())
