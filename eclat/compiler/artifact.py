@@ -167,10 +167,14 @@ def _out_spec_text(spec: Any) -> str | None:
     """The output structure as torch's pytree JSON (read back only when torch is in use)."""
     if spec is None or isinstance(spec, str):
         return spec
+    import warnings
+
     from torch.utils._pytree import treespec_dumps
 
     try:
-        return treespec_dumps(spec)
+        with warnings.catch_warnings():  # torch's own deprecation notice about LeafSpec
+            warnings.simplefilter("ignore", FutureWarning)
+            return treespec_dumps(spec)
     except Exception:  # an output type torch cannot serialise: outputs come back flat
         return None
 

@@ -1,0 +1,496 @@
+"""The `eclat` command: compile, run, inspect, autotune, bench, tuning databases, devices.
+
+    eclat compile examples/quickstart.py:make --target cpu -o mlp.eclat
+    eclat run mlp.eclat --inputs x.npy -o out.npz
+    eclat inspect mlp.eclat [--json] [--html roofline.html] [--plot roofline.png]
+    eclat autotune examples/quickstart.py examples/cnn.py --target cpu --db tuning.db
+    eclat db merge a.db b.db -o tuning.db
+    eclat bench examples/quickstart.py:make --target cpu
+    eclat devices
+
+A model is named FILE.py:FACTORY (FACTORY defaults to `make`), a function returning
+(model, example_inputs). Exit status: 0 success, 1 a compile or run failure (one line on
+stderr), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+TARGETS = ("cpu", "opencl", "cuda", "metal")
+MODES = ("none", "fast", "full")
+
+
+class Failure(Exception):
+    """A failure the command reports on one line and exits 1 for."""
+
+
+# --- models named on the command line --------------------------------------------------------
+
+def load_factory(spec: str) -> tuple[Any, tuple]:
+    """FILE.py[:FACTORY] -> FACTORY() as (model, example_inputs)."""
+    path, _, name = spec.partition(":")
+    name = name or "make"
+    if not os.path.isfile(path):
+        raise Failure(f"{path}: no such file (expected FILE.py[:FACTORY])")
+    for folder in (os.getcwd(), os.path.dirname(os.path.abspath(path))):
+        if folder not in sys.path:  # so that a factory may import its neighbours or tests.zoo
+            sys.path.insert(0, folder)
+    module_name = "_eclat_model_" + os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise Failure(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    module_spec.loader.exec_module(module)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise Failure(f"{path} has no function {name}() (expected FILE.py[:FACTORY])")
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise Failure(f"{spec}: the factory must return (model, example_inputs), "
+                      f"it returned {type(made).__name__}")
+    model, inputs = made
+    return model, inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (
+        inputs,)
+
+
+def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
+    """Compile the model named by spec with the command's options: (compiled, model, inputs)."""
+    import inspect
+
+    import eclat
+    from eclat.compiler.pipeline import compile_model
+
+    model, inputs = load_factory(spec)
+    options: dict[str, Any] = {"autotune": args.autotune, "quiet": args.quiet}
+    if getattr(args, "threads", None):
+        options["threads"] = args.threads
+    if getattr(args, "candidates", None):
+        options["k"] = args.candidates
+    if getattr(args, "db", None):
+        if "db" not in inspect.signature(compile_model).parameters:
+            raise Failure("this eclat's compiler does not take a tuning database yet (--db)")
+        options["db"] = args.db
+    return eclat.compile(model, inputs, target=args.target, **options), model, inputs
+
+
+def _median_s(fn: Callable[[], Any], budget_s: float = 1.0, least: int = 5, most: int = 1000) -> float:
+    fn()  # warm-up
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < least or (time.perf_counter() - start < budget_s and len(times) < most):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+def cmd_compile(args: argparse.Namespace) -> None:
+    t = time.perf_counter()
+    from eclat.compiler.artifact import save_artifact
+
+    compiled, _, _ = _compile(args.model, args)
+    save_artifact(compiled, args.output)
+    kernels = compiled.report().get("kernels", [])
+    print(f"{args.output}: {len(kernels)} kernels, {os.path.getsize(args.output)} bytes, "
+          f"compiled for {args.target} in {time.perf_counter() - t:.1f} s")
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    import eclat
+
+    model = eclat.load(args.artifact)
+    arrays = []
+    for p in args.inputs:
+        try:
+            arrays.append(np.load(p, allow_pickle=False))
+        except (OSError, ValueError) as e:
+            raise Failure(f"{p}: not a readable .npy file ({e})") from None
+    t = time.perf_counter()
+    outs = model(*arrays)
+    seconds = time.perf_counter() - t
+    outs = outs if isinstance(outs, list) else [outs]
+    for j, o in enumerate(outs):
+        summary = (f"min {o.min():.4g} max {o.max():.4g} mean {o.astype(np.float64).mean():.4g}"
+                   if o.size and o.dtype.kind in "biuf" else "")
+        print(f"output {j}: {o.dtype}{list(o.shape)} {summary}")
+    print(f"ran in {seconds * 1e3:.3f} ms")
+    if args.output:
+        np.savez(args.output, **{f"output{j}": o for j, o in enumerate(outs)})
+        print(f"wrote {args.output}")
+
+
+def inspect_data(path: str) -> dict[str, Any]:
+    """What `eclat inspect --json` prints: manifest summary, kernels, times, e-graph statistics."""
+    from eclat.compiler.artifact import artifact_bytes, read_artifact
+
+    manifest, _ = read_artifact(path)
+    report = manifest.get("report") or {}
+    kernels = {k["name"]: k for k in manifest["program"]["kernels"]}
+    rows = []
+    for k in report.get("kernels", []):
+        rows.append({**k, "shape": kernels.get(k["name"], {}).get("shape"),
+                     "schedule": kernels.get(k["name"], {}).get("schedule")})
+    estimates = [k["estimated_us"] for k in rows if k.get("estimated_us") is not None]
+    return {
+        "path": path, "format_version": manifest["format_version"],
+        "eclat_version": manifest["eclat_version"],
+        "target": manifest["target"], "device": report.get("device") or {}, "built_on": manifest["device"],
+        "inputs": manifest["inputs"],
+        "outputs": [{"name": n, "shape": s} for n, s in zip(manifest["program"]["outputs"],
+                                                             manifest["program"]["output_shapes"])],
+        "kernels": rows, "estimated_us": round(sum(estimates), 3) if estimates else None,
+        "egraph": report.get("egraph"), "candidates": report.get("candidates"),
+        "memory": report.get("memory"), "compile_seconds": report.get("compile_seconds"),
+        "files": artifact_bytes(path),
+    }
+
+
+def _measure_artifact(path: str) -> float:
+    """Median microseconds of one call of the artifact on zero inputs."""
+    import eclat
+
+    model = eclat.load(path)
+    arrays = [np.zeros(s.shape, dtype=s.dtype.np) for s in model.inputs]
+    return _median_s(lambda: model(*arrays), budget_s=0.5) * 1e6
+
+
+def cmd_inspect(args: argparse.Namespace) -> None:
+    data = inspect_data(args.artifact)
+    data["measured_us"] = round(_measure_artifact(args.artifact), 3)
+    if args.json:
+        print(json.dumps(data, indent=1, default=str))
+    else:
+        print(_inspect_text(data))
+    if args.html or args.plot:
+        dev = _roofs(data)
+        if args.html:
+            with open(args.html, "w") as f:
+                f.write(roofline_html(data, dev))
+            print(f"wrote {args.html}")
+        if args.plot:
+            roofline_png(data, dev, args.plot)
+            print(f"wrote {args.plot}")
+
+
+def _inspect_text(d: dict[str, Any]) -> str:
+    dev = d["device"]
+    built = d["built_on"]
+    lines = [f"{d['path']}: eclat artifact v{d['format_version']} (eclat {d['eclat_version']}), "
+             f"target {d['target']}, built on {built.get('cpu', '?')} ({built.get('triple', '?')})",
+             "inputs:  " + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in d["inputs"]),
+             "outputs: " + ", ".join(f"{o['name']} {o['shape']}" for o in d["outputs"])]
+    if dev.get("name"):
+        lines.append(f"device:  {dev['name']} ({_num(dev.get('peak_gflops'))} GFLOP/s, "
+                     f"{_num(dev.get('peak_gbps'))} GB/s)")
+    lines.append(f"{'kernel':<22} {'shape':<16} {'schedule':<34} {'MFLOP':>8} {'KB':>8} "
+                 f"{'est us':>8} {'meas us':>8}")
+    for k in d["kernels"]:
+        s = k.get("schedule") or {}
+        sched = f"tile={s.get('tile')} vec={s.get('vector')} thr={s.get('threads')}" if s else "-"
+        lines.append(f"{k['name'][:22]:<22} {str(k.get('shape'))[:16]:<16} {sched[:34]:<34} "
+                     f"{k['flops'] / 1e6:>8.3f} {k['bytes'] / 1e3:>8.1f} {_num(k.get('estimated_us')):>8} "
+                     f"{_num(k.get('measured_us')):>8}")
+    lines.append(f"whole model: estimated {_num(d['estimated_us'])} us, measured {_num(d['measured_us'])} us "
+                 f"(median, this machine)")
+    eg = d.get("egraph") or {}
+    if eg.get("enodes") is not None:
+        lines.append(f"e-graph: {eg['enodes']} e-nodes, {eg['eclasses']} e-classes, "
+                     f"{eg['iterations']} iterations, {eg['seconds']} s")
+    c = d.get("candidates") or {}
+    if c:
+        lines.append(f"candidates: {c.get('extracted')} extracted, {c.get('pruned')} pruned, "
+                     f"{c.get('timed')} timed, {len(c.get('failed') or [])} failed")
+    if d.get("memory"):
+        lines.append(f"memory: arena {d['memory']['arena_bytes']} bytes "
+                     f"(without reuse {d['memory']['without_reuse_bytes']})")
+    lines.append("files: " + ", ".join(f"{n} {b} B" for n, b in d["files"].items()))
+    return "\n".join(lines)
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def _roofs(data: dict[str, Any]) -> dict[str, Any]:
+    """Peak GFLOP/s and GB/s for the chart: from the report, else the (cached) device model."""
+    dev = dict(data["device"])
+    if not dev.get("peak_gflops"):
+        try:
+            from eclat.autotune import get_device
+
+            d = get_device(data["target"])
+            dev.update(name=d.name, peak_gflops=d.gflops("float32"), peak_gbps=d.peak_gbps)
+        except Exception as e:  # no device model here: the chart shows points without roofs
+            print(f"eclat: no device peaks for the roofs ({type(e).__name__}: {e})", file=sys.stderr)
+    return dev
+
+
+def roofline_points(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per kernel: arithmetic intensity (FLOP/byte) and GFLOP/s, from the measured time if there
+    is one, else from the roofline estimate (marked)."""
+    points = []
+    for k in data["kernels"]:
+        us = k.get("measured_us") or k.get("estimated_us")
+        if not us or not k["flops"] or not k["bytes"]:
+            continue
+        points.append({"name": k["name"], "intensity": k["flops"] / k["bytes"],
+                       "gflops": k["flops"] / (us * 1e3), "measured": bool(k.get("measured_us"))})
+    return points
+
+
+def _decades(values: list[float]) -> tuple[float, float]:
+    """Axis range in whole decades around values, at least two decades wide."""
+    lo = 10 ** math.floor(math.log10(min(values, default=0.01)))
+    hi = 10 ** math.ceil(math.log10(max(values, default=100)))
+    return lo, max(hi, lo * 100)
+
+
+def roofline_html(data: dict[str, Any], dev: dict[str, Any]) -> str:
+    """A self-contained HTML page with an inline SVG roofline chart (log-log) and the kernel table."""
+    w, h, pad = 640, 420, 60
+    points = roofline_points(data)
+    peak, bw = dev.get("peak_gflops"), dev.get("peak_gbps")
+    xs = [p["intensity"] for p in points] + ([peak / bw] if peak and bw else [])
+    ys = [p["gflops"] for p in points] + ([peak] if peak else [])
+    x0, x1 = _decades(xs)
+    y0, y1 = _decades(ys)
+
+    def px(x: float) -> float:
+        return pad + (w - 2 * pad) * (math.log10(x) - math.log10(x0)) / (math.log10(x1) - math.log10(x0))
+
+    def py(y: float) -> float:
+        return h - pad - (h - 2 * pad) * (math.log10(y) - math.log10(y0)) / (math.log10(y1) - math.log10(y0))
+
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+           f'font-size="11"><rect width="{w}" height="{h}" fill="white"/>',
+           f'<rect x="{pad}" y="{pad}" width="{w - 2 * pad}" height="{h - 2 * pad}" fill="none" '
+           'stroke="#888"/>']
+    for e in range(round(math.log10(x0)), round(math.log10(x1)) + 1):
+        svg.append(f'<text x="{px(10 ** e):.1f}" y="{h - pad + 15}" text-anchor="middle">1e{e}</text>')
+    for e in range(round(math.log10(y0)), round(math.log10(y1)) + 1):
+        svg.append(f'<text x="{pad - 5}" y="{py(10 ** e) + 4:.1f}" text-anchor="end">1e{e}</text>')
+    svg.append(f'<text x="{w / 2}" y="{h - 15}" text-anchor="middle">arithmetic intensity (FLOP/byte)</text>')
+    svg.append(f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">'
+               f'GFLOP/s</text>')
+    if peak and bw:
+        ridge = peak / bw
+        xa = max(x0, y0 / bw)
+        svg.append(f'<polyline fill="none" stroke="#c33" stroke-width="2" points="{px(xa):.1f},'
+                   f'{py(xa * bw):.1f} {px(ridge):.1f},{py(peak):.1f} {px(x1):.1f},{py(peak):.1f}"/>')
+        svg.append(f'<text x="{px(x1) - 4:.1f}" y="{py(peak) - 5:.1f}" text-anchor="end" fill="#c33">'
+                   f'{peak:.1f} GFLOP/s</text>')
+        svg.append(f'<text x="{px(xa) + 4:.1f}" y="{py(xa * bw) - 5:.1f}" fill="#c33">{bw:.1f} GB/s</text>')
+    for p in points:
+        fill = "#36c" if p["measured"] else "none"
+        svg.append(f'<circle cx="{px(p["intensity"]):.1f}" cy="{py(p["gflops"]):.1f}" r="5" fill="{fill}" '
+                   f'stroke="#36c"><title>{html.escape(p["name"])}: {p["gflops"]:.3g} GFLOP/s at '
+                   f'{p["intensity"]:.3g} FLOP/B</title></circle>')
+        svg.append(f'<text x="{px(p["intensity"]) + 7:.1f}" y="{py(p["gflops"]) + 4:.1f}">'
+                   f'{html.escape(p["name"])}</text>')
+    svg.append("</svg>")
+    rows = "".join(f"<tr><td>{html.escape(k['name'])}</td><td>{k['flops']}</td><td>{k['bytes']}</td>"
+                   f"<td>{_num(k.get('estimated_us'))}</td><td>{_num(k.get('measured_us'))}</td></tr>"
+                   for k in data["kernels"])
+    where = dev.get("name") or data["target"]
+    title = html.escape(f"eclat roofline: {os.path.basename(data['path'])} on {where}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
+            f"<h1>{title}</h1>{''.join(svg)}<p>Filled: measured time; hollow: roofline estimate. "
+            f"Whole model: estimated {_num(data['estimated_us'])} us, "
+            f"measured {_num(data.get('measured_us'))} us."
+            f"</p><table border='1' cellpadding='3'><tr><th>kernel</th><th>FLOPs</th><th>bytes</th>"
+            f"<th>estimated us</th><th>measured us</th></tr>{rows}</table></body></html>\n")
+
+
+def roofline_png(data: dict[str, Any], dev: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise Failure("--plot needs matplotlib, which is not installed; --html writes the chart "
+                      "without it") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    points = roofline_points(data)
+    peak, bw = dev.get("peak_gflops"), dev.get("peak_gbps")
+    if peak and bw:
+        xs = np.logspace(-2, 3, 200)
+        ax.plot(xs, np.minimum(peak, xs * bw), color="#c33", label=f"roof: {peak:.1f} GFLOP/s, {bw:.1f} GB/s")
+    for p in points:
+        ax.scatter(p["intensity"], p["gflops"], facecolors="#36c" if p["measured"] else "none",
+                   edgecolors="#36c")
+        ax.annotate(p["name"], (p["intensity"], p["gflops"]), fontsize=7)
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="GFLOP/s")
+    ax.legend(loc="lower right")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def cmd_autotune(args: argparse.Namespace) -> None:
+    for spec in args.models:
+        t = time.perf_counter()
+        compiled, _, _ = _compile(spec, args)
+        cache = compiled.report().get("tuning_cache") or {}
+        print(f"{spec}: tuned for {args.target} in {time.perf_counter() - t:.1f} s "
+              f"({cache.get('hits', 0)} DB hits, {cache.get('misses', 0)} misses) -> {args.db}")
+
+
+def cmd_db_merge(args: argparse.Namespace) -> None:
+    from eclat.autotune.db import merge
+
+    counts = merge(args.inputs, args.output)
+    print(f"{args.output}: merged {counts['inputs']} files, {counts['read']} entries read, "
+          f"{counts['entries']} entries")
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    import torch
+
+    compiled, model, inputs = _compile(args.model, args)
+    torch.set_num_threads(args.threads or 1)
+    arrays = [x.detach().numpy() if hasattr(x, "detach") else x for x in inputs]
+    rows: dict[str, float | str] = {}
+    with torch.inference_mode():
+        rows["eclat"] = _median_s(lambda: compiled(*arrays), args.budget)
+        rows["torch eager"] = _median_s(lambda: model(*inputs), args.budget)
+        if not args.no_torch_compile:
+            try:
+                fast = torch.compile(model)
+                rows["torch.compile"] = _median_s(lambda: fast(*inputs), args.budget)
+            except Exception as e:  # torch.compile failing is a row of the table, not a failure
+                rows["torch.compile"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
+    base = rows["eclat"]
+    print(f"{args.model} on {args.target}, {args.threads or 1} thread(s), median of repeats")
+    print(f"{'runner':<15} {'median ms':>10} {'vs eclat':>9}")
+    for name, v in rows.items():
+        if isinstance(v, str):
+            print(f"{name:<15} {v}")
+        else:
+            print(f"{name:<15} {v * 1e3:>10.4f} {v / base:>8.2f}x")
+
+
+def cmd_devices(args: argparse.Namespace) -> None:
+    from eclat.autotune.device import describe_devices
+
+    rows = describe_devices(measure=not args.no_measure)
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return
+    for r in rows:
+        peaks = (f"{r['peak_gflops'].get('float32', 0):.1f} GFLOP/s, {r['peak_gbps']:.1f} GB/s, "
+                 f"launch {r['launch_overhead_us']:.2f} us" if "peak_gflops" in r else r.get("error", ""))
+        print(f"{r['target']:<10} {r['name']:<40} {peaks}")
+
+
+# --- the parser --------------------------------------------------------------------------------
+
+def _model_options(p: argparse.ArgumentParser, tune_default: str = "fast",
+                   modes: Sequence[str] = MODES) -> None:
+    p.add_argument("--target", default="cpu", help="cpu, opencl, cuda or metal, optionally :index "
+                   "(default cpu)")
+    p.add_argument("--autotune", choices=modes, default=tune_default,
+                   help=f"schedule search: none (defaults), fast or full (default {tune_default})")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per kernel (default 1)")
+    p.add_argument("--candidates", type=int, default=None, metavar="K",
+                   help="candidate programs extracted from the e-graph (default 8)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="eclat", description="eclat: an equality-saturation compiler for "
+                                 "PyTorch inference.", epilog="A MODEL is FILE.py[:FACTORY]; FACTORY() "
+                                 "returns (model, example_inputs) and defaults to make.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="compile a model to an artifact",
+                       description="Compile a model and write one self-contained artifact file.")
+    p.add_argument("model", metavar="MODEL", help="FILE.py[:FACTORY]")
+    p.add_argument("-o", "--output", required=True, help="artifact to write (e.g. model.eclat)")
+    p.add_argument("--db", help="tuning database to read and update")
+    _model_options(p)
+    p.set_defaults(run=cmd_compile)
+
+    p = sub.add_parser("run", help="run an artifact on .npy inputs",
+                       description="Load an artifact (no torch needed) and run it on .npy inputs.")
+    p.add_argument("artifact", help="an artifact written by `eclat compile`")
+    p.add_argument("--inputs", nargs="+", default=[], metavar="NPY", help="one .npy file per model input")
+    p.add_argument("-o", "--output", help="write the outputs to this .npz (output0, output1, ...)")
+    p.set_defaults(run=cmd_run)
+
+    p = sub.add_parser("inspect", help="show an artifact's kernels, schedules and times",
+                       description="Kernels, schedules, estimated vs measured time, e-graph statistics.")
+    p.add_argument("artifact")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--html", metavar="PATH", help="write a roofline chart as HTML with inline SVG")
+    p.add_argument("--plot", metavar="PATH", help="write a roofline chart as PNG (needs matplotlib)")
+    p.set_defaults(run=cmd_inspect)
+
+    p = sub.add_parser("autotune", help="tune models and record the schedules in a database",
+                       description="Compile each model with schedule search and record the winners in DB.")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="FILE.py[:FACTORY] ...")
+    p.add_argument("--db", required=True, help="tuning database to create or update")
+    _model_options(p, "full", ("fast", "full"))
+    p.set_defaults(run=cmd_autotune)
+
+    p = sub.add_parser("db", help="tuning database tools", description="Tuning database tools.")
+    dbs = p.add_subparsers(dest="db_command", required=True, metavar="DBCOMMAND")
+    m = dbs.add_parser("merge", help="merge databases, keeping the faster entry per key",
+                       description="Merge tuning databases; the faster entry per key wins.")
+    m.add_argument("inputs", nargs="+", metavar="DB")
+    m.add_argument("-o", "--output", required=True, help="database to write (created or added to)")
+    m.set_defaults(run=cmd_db_merge)
+
+    p = sub.add_parser("bench", help="time a model against torch eager and torch.compile",
+                       description="Side by side: eclat, torch eager and torch.compile (medians, ratios).")
+    p.add_argument("model", metavar="MODEL", help="FILE.py[:FACTORY]")
+    p.add_argument("--budget", type=float, default=1.0, help="seconds of timing per runner (default 1)")
+    p.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile (slow to build)")
+    p.add_argument("--db", help="tuning database to read and update")
+    _model_options(p, "none")
+    p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser("devices", help="list the devices and their measured peaks",
+                       description="Devices eclat can target here, with measured peaks.")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--no-measure", action="store_true", help="list only; measure nothing")
+    p.set_defaults(run=cmd_devices)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # exits 2 on a usage error
+    if getattr(args, "target", "cpu").partition(":")[0] not in TARGETS:
+        build_parser().error(f"unknown target {args.target!r}: expected one of {', '.join(TARGETS)}")
+    try:
+        args.run(args)
+    except KeyboardInterrupt:
+        print("eclat: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for scripts and people; the traceback is for ECLAT_DEBUG=1
+        if os.environ.get("ECLAT_DEBUG"):
+            raise
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        kind = "" if isinstance(e, Failure) else f"{type(e).__name__}: "
+        print(f"eclat: error: {kind}{message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
