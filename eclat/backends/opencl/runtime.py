@@ -1,0 +1,113 @@
+"""OpenCL runtime: a Program rendered in the OpenCL dialect, run through pyopencl.
+
+Runs on any OpenCL device; on this machine that is PoCL's CPU device, which executes the
+GPU lowering itself (work-groups, local memory, barriers). Buffers are allocated once per
+executable; a run copies the inputs in, enqueues every kernel in order and reads the
+outputs back. Built programs are cached by source hash (PoCL compiles are slow).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ...compiler.kernel import Program
+from ...errors import EclatError
+from ..gpu_c import OPENCL, GpuSchedule, RenderedProgram, render_program
+
+_BUILT: dict[tuple[int, str], Any] = {}
+
+
+def _cl() -> Any:
+    try:
+        import pyopencl as cl
+    except ImportError as e:
+        raise EclatError("target 'opencl' needs pyopencl: `pip install pyopencl` and an OpenCL driver "
+                         "(e.g. `apt-get install pocl-opencl-icd`)") from e
+    return cl
+
+
+@lru_cache(maxsize=1)
+def context() -> tuple[Any, Any]:
+    """(context, queue) on the first OpenCL GPU, else the first OpenCL device."""
+    cl = _cl()
+    try:
+        devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+    except cl.Error:
+        devices = []
+    if not devices:
+        raise EclatError("no OpenCL device found (install a driver, e.g. `apt-get install pocl-opencl-icd "
+                         "ocl-icd-libopencl1`)")
+    gpus = [d for d in devices if d.type & cl.device_type.GPU]
+    ctx = cl.Context([(gpus or devices)[0]])
+    return ctx, cl.CommandQueue(ctx)
+
+
+def build(source: str) -> Any:
+    """The built cl.Program for source, cached by its hash."""
+    cl = _cl()
+    ctx, _ = context()
+    key = (id(ctx), hashlib.sha256(source.encode()).hexdigest())
+    if key not in _BUILT:
+        try:
+            _BUILT[key] = cl.Program(ctx, source).build(options=["-cl-std=CL1.2"])
+        except cl.RuntimeError as e:
+            raise EclatError(f"OpenCL build failed: {e}") from e
+    return _BUILT[key]
+
+
+class OpenCLExecutable:
+    """Program -> OpenCL kernels. `run(inputs)` takes arrays of the program's input shapes and
+    dtypes and returns fresh output arrays."""
+
+    def __init__(self, program: Program, schedules: dict[str, GpuSchedule] | None = None):
+        cl = _cl()
+        self.program = program
+        self.ctx, self.queue = context()
+        self.rendered: RenderedProgram = render_program(program, OPENCL, schedules)
+        prog = build(self.rendered.source)
+        mf = cl.mem_flags
+        self.buffers: dict[str, Any] = {}
+        for name, b in program.buffers.items():
+            if b.role == "weight":
+                host = np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1)
+                if host.size:
+                    self.buffers[name] = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host)
+                    continue
+            self.buffers[name] = cl.Buffer(self.ctx, mf.READ_WRITE, max(b.nbytes, 4))
+        self.launches: list[tuple[Any, int, int]] = []
+        for rk in self.rendered.kernels:
+            if rk.groups == 0:
+                continue
+            kern = cl.Kernel(prog, rk.name)
+            kern.set_args(*(self.buffers[a] for a in rk.args))
+            self.launches.append((kern, rk.groups * rk.threads, rk.threads))
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        cl = _cl()
+        p, q = self.program, self.queue
+        keep = []
+        for name, a in zip(p.inputs, inputs):
+            b = p.buffers[name]
+            host = np.ascontiguousarray(a, dtype=b.dtype.np).reshape(-1)
+            if host.size:
+                keep.append(host)
+                cl.enqueue_copy(q, self.buffers[name], host, is_blocking=False)
+        for kern, global_size, local in self.launches:
+            cl.enqueue_nd_range_kernel(q, kern, (global_size,), (local,))
+        outs = []
+        for name, shape in zip(p.outputs, p.output_shapes):
+            b = p.buffers[name]
+            out = np.empty(b.numel, dtype=b.dtype.np)
+            if out.size:
+                cl.enqueue_copy(q, out, self.buffers[name], is_blocking=False)
+            outs.append(out)
+        q.finish()
+        return [o.reshape(s) for o, s in zip(outs, shape_list(p))]
+
+
+def shape_list(p: Program) -> list[tuple[int, ...]]:
+    return list(p.output_shapes)
