@@ -115,10 +115,11 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []
     outputs: list[Node] = []
+    tied: dict[tuple, Node] = {}
     for node in ep.graph.nodes:
         val = node.meta.get("val")
         if node.op == "placeholder":
-            env[node] = _placeholder(ep, ctx, node, specs[node.name], val, inputs)
+            env[node] = _placeholder(ep, ctx, node, specs[node.name], val, inputs, tied)
         elif node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
             fn = LOWERINGS.get(node.target)
@@ -143,7 +144,8 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
     return Graph(inputs, outputs, weights, ep.call_spec.out_spec)
 
 
-def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list[Node]) -> Any:
+def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list[Node],
+                 tied: dict[tuple, Node]) -> Any:
     if spec.kind == InputKind.USER_INPUT:
         if not isinstance(val, torch.Tensor):
             return val  # a non-tensor input is specialised to its example value by torch.export
@@ -153,11 +155,17 @@ def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list
         return x
     if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
         tensor = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+        # tied parameters (an LM head sharing the embedding) are one weight under its first name
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tuple(tensor.stride()), tensor.dtype)
+        if key in tied:
+            return tied[key]
         dtype = _dtype_or_raise(tensor.dtype, f"weight {spec.target!r}")
         t = tensor.detach()
         array = (t.float() if dtype is DType.bfloat16 else t).contiguous().numpy().copy()
         ctx.weights[spec.target] = array
-        return g.weight(spec.target, array, dtype)
+        tied[key] = g.weight(spec.target, array, dtype)
+        return tied[key]
     raise UnsupportedOpError(f"graph input of kind {spec.kind.name}", detail=node.name)
 
 

@@ -80,10 +80,7 @@ def _fmod(ctx: Ctx, a: Value, b: Value) -> Node:
 
 
 def _remainder(ctx: Ctx, a: Value, b: Value) -> Node:
-    # Python semantics: the result takes the divisor's sign
-    r = _fmod(ctx, a, b)
-    fix = P.logical_and(P.ne(r, 0), P.ne(P.lt(r, 0), P.lt(b, 0)))
-    return P.where(fix, P.add(r, P.lift(b, ctx.out_dtype)), r)
+    return P.remainder(P.lift(a, ctx.out_dtype), P.lift(b, ctx.out_dtype))
 
 
 def _float_unary(fn: Callable[[Node], Node]) -> Callable[..., Node]:

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
 from eclat.ir.graph import Node
-from eclat.ir.symbolic import as_int, prod, sint, sym_eq
+from eclat.ir.symbolic import BinOp, Expr, Num, Var, as_int, prod, sint, sym_eq
 
 Scalar = bool | int | float
-Value = Node | Scalar
+Value = Node | Scalar | Expr  # an Expr is a symbolic integer (a size used as a number)
 
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
 
@@ -28,8 +28,9 @@ def _category(d: DType) -> int:
     return 0 if d is DType.bool else 2 if d.is_float else 1
 
 
-def _scalar_dtype(x: Scalar) -> DType:
-    return DType.bool if isinstance(x, bool) else DType.int64 if isinstance(x, int) else DType.float32
+def _scalar_dtype(x: Scalar | Expr) -> DType:
+    return (DType.bool if isinstance(x, bool) else DType.int64 if isinstance(x, (int, Expr))
+            else DType.float32)
 
 
 def _widest(ds: list[DType]) -> DType:
@@ -70,6 +71,8 @@ def broadcast_shape(*shapes: Sequence[sint]) -> tuple[sint, ...]:
 
 def lift(x: Value, dtype: DType, shape: Sequence[sint] | None = None) -> Node:
     """x as a node of dtype, broadcast to shape if given (a Python scalar becomes a Const)."""
+    if isinstance(x, Expr):
+        x = sym_node(x) if as_int(x) is None else as_int(x)
     node = g.const(dtype.np.type(x).item(), dtype) if not isinstance(x, Node) else g.cast(x, dtype)
     return node if shape is None else g.expand_to(node, shape)
 
@@ -245,6 +248,13 @@ def int_div(a: Node, b: Node, mode: str) -> Node:
     return t
 
 
+def remainder(a: Value, b: Value) -> Node:
+    """Python's a % b: the result takes the divisor's sign."""
+    r = elementwise("mod", a, b)
+    fix = logical_and(ne(r, 0), ne(lt(r, 0), lt(b, 0)))
+    return where(fix, add(r, lift(b, r.dtype)), r)
+
+
 # --- reductions and movement ---------------------------------------------------------------
 
 def reduce(op: str, x: Node, axes: Sequence[int], keepdim: bool = False) -> Node:
@@ -274,10 +284,24 @@ def mean(x: Node, axes: Sequence[int], keepdim: bool = False) -> Node:
 
 
 def size_node(n: sint) -> Node:
-    """A symbolic size as a 0-dim int64 tensor (the length of an iota, summed)."""
-    if as_int(n) is not None:
-        return g.const(as_int(n), DType.int64)
-    return g.reduce("sum", g.expand_to(g.const(1, DType.int64), (n,)), 0)
+    """A size as a 0-dim int64 tensor."""
+    return sym_node(n) if isinstance(n, Expr) else g.const(int(n), DType.int64)
+
+
+_SYM_OPS = {"+": lambda a, b: add(a, b), "*": lambda a, b: mul(a, b),
+            "//": lambda a, b: int_div(a, b, "floor"), "%": lambda a, b: remainder(a, b)}
+
+
+def sym_node(e: Expr) -> Node:
+    """A symbolic integer as a 0-dim int64 tensor: a dimension is the sum of that many
+    ones, and arithmetic on dimensions is integer arithmetic on those sums."""
+    if isinstance(e, Num):
+        return g.const(e.v, DType.int64)
+    if isinstance(e, Var):
+        return g.reduce("sum", g.expand_to(g.const(1, DType.int64), (e,)), 0)
+    if isinstance(e, BinOp) and e.op in _SYM_OPS:
+        return _SYM_OPS[e.op](sym_node(e.a), sym_node(e.b))
+    raise NotImplementedError(f"symbolic value {e} as a tensor")
 
 
 def reshape(x: Node, shape: Sequence[sint]) -> Node:

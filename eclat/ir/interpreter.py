@@ -32,9 +32,13 @@ def bind_dims(graph: Graph, arrays: Sequence[np.ndarray]) -> dict[str, int]:
     env: dict[str, int] = {}
     for node, a in zip(graph.inputs, arrays):
         for dim, n in zip(node.shape, a.shape):
-            if isinstance(dim, Expr) and variables(dim):
+            if isinstance(dim, Expr) and len(variables(dim)) == 1:
                 name = next(iter(variables(dim)))
-                env.setdefault(name, n)
+                # solve an affine size a*v + b = n (e.g. 2*s from torch.export's Dim("s") * 2)
+                base = evaluate(dim, {name: 0})
+                slope = evaluate(dim, {name: 1}) - base
+                if slope and (n - base) % slope == 0 and evaluate(dim, {name: (n - base) // slope}) == n:
+                    env.setdefault(name, (n - base) // slope)
     return env
 
 

@@ -188,6 +188,8 @@ class View:
             return self
         if self.mask is not None:
             return self._reshape_unit_axes(shape)
+        if self.is_contiguous:  # any reshape of row-major data, symbolic sizes included
+            return View.contiguous(shape)
         return self._reshape_strided(shape)
 
     def _reshape_unit_axes(self, shape: tuple[sint, ...]) -> View | None:

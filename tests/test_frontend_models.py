@@ -1,0 +1,126 @@
+"""Whole models through the frontend: every zoo model lowers and the interpreter matches
+PyTorch; symbolic sizes; output structure; and the errors a user sees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+from eclat.errors import ExportError, UnsupportedOpError
+from eclat.frontend import lower
+from eclat.ir.interpreter import run
+from tests.zoo import ZOO, make_llama
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _compare(model: torch.nn.Module, graph, args: tuple) -> float:
+    """Max abs error of the interpreter against torch; asserts the tolerance."""
+    with torch.no_grad():
+        ref = pytree.tree_leaves(model(*args))
+    got = run(graph, [a.numpy() for a in args])
+    assert len(got) == len(ref)
+    err = 0.0
+    for r, o in zip(ref, got):
+        np.testing.assert_allclose(o, r.numpy(), rtol=RTOL, atol=ATOL)
+        err = max(err, float(np.abs(o - r.numpy()).max()))
+    return err
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_model_matches_torch(name: str) -> None:
+    model, args = ZOO[name]()
+    graph = lower(model, args)
+    err = _compare(model, graph, args)
+    print(f"{name}: max abs error vs torch {err:.3g}, {sum(graph.op_counts().values())} nodes")
+    assert set(graph.op_counts()) <= {
+        "input", "weight", "const", "iota", "exp2", "log2", "sin", "sqrt", "recip", "neg", "cast", "add",
+        "mul", "mod", "lt", "max", "where", "sum", "max_reduce", "contiguous", "gather", "view"}
+
+
+def test_inputs_weights_and_output_structure() -> None:
+    model, args = ZOO["hf_bert"]()
+    graph = lower(model, args)
+    assert [n.arg for n in graph.inputs] == ["input_ids"]
+    assert graph.inputs[0].dtype.name == "int64"
+    assert "embeddings.word_embeddings.weight" in graph.weights
+    assert "encoder.layer.0.attention.self.query.weight" in graph.weights
+    rebuilt = pytree.tree_unflatten(run(graph, [a.numpy() for a in args]), graph.out_spec)
+    with torch.no_grad():
+        ref = model(*args)
+    assert type(rebuilt) is type(ref)
+    np.testing.assert_allclose(rebuilt.pooler_output, ref.pooler_output.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_tied_weights_are_stored_once() -> None:
+    model, args = make_llama(layers=1)
+    graph = lower(model, args)
+    assert sum(a is model.embed.weight for a in model.parameters()) == 1
+    assert "head.weight" not in graph.weights and "embed.weight" in graph.weights
+
+
+def test_symbolic_sequence_length() -> None:
+    model, (ids,) = make_llama(layers=1)
+    seq = torch.export.Dim("seq", min=2, max=32)
+    graph = lower(model, (ids,), dynamic_shapes=({1: seq},))
+    assert isinstance(graph.inputs[0].shape[1], object) and not isinstance(graph.inputs[0].shape[1], int)
+    for s in (3, 13):
+        _compare(model, graph, (torch.randint(0, 128, (1, s)),))
+
+
+class SizeArithmetic(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        n = x.shape[0]
+        y = x.reshape(n // 2, 2 * x.shape[1]) * (n % 3 + n - 1)
+        return y, x.sum(0) * n, 3
+
+
+def test_size_arithmetic_and_non_tensor_outputs() -> None:
+    x = torch.randn(8, 3)
+    graph = lower(SizeArithmetic(), (x,), dynamic_shapes=({0: torch.export.Dim("n", min=1, max=32) * 2},))
+    for rows in (4, 10):
+        x = torch.randn(rows, 3)
+        y, s, k = run(graph, [x.numpy()])
+        ry, rs, rk = SizeArithmetic()(x)
+        np.testing.assert_allclose(y, ry.numpy(), rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(s, rs.numpy(), rtol=RTOL, atol=ATOL)
+        assert int(k) == rk
+
+
+class UsesTopk(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        return torch.topk(y, 2).values  # the unsupported line
+
+
+def test_unsupported_op_names_op_and_source_line() -> None:
+    with pytest.raises(UnsupportedOpError) as info:
+        lower(UsesTopk(), (torch.randn(4, 5),))
+    lines = open(__file__).read().splitlines()
+    line = next(k for k, text in enumerate(lines, 1) if "topk" in text and "# the unsupported line" in text)
+    msg = str(info.value)
+    assert "aten.topk.default" in msg
+    assert f"test_frontend_models.py:{line} in forward: return torch.topk(y, 2).values" in msg
+    assert info.value.op == "aten.topk.default"
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return x + 1
+        return x - 1
+
+
+def test_export_failure_carries_torch_reason() -> None:
+    with pytest.raises(ExportError, match="torch.export failed for DataDependent") as info:
+        lower(DataDependent(), (torch.randn(3),))
+    assert "data-dependent" in str(info.value).lower() or "guard" in str(info.value).lower()
+
+
+def test_bad_inputs_have_clear_errors() -> None:
+    with pytest.raises(TypeError, match="example_inputs must be a tuple"):
+        lower(torch.nn.ReLU(), torch.randn(3))
+    with pytest.raises(UnsupportedOpError, match="float64"):
+        lower(torch.nn.ReLU(), (torch.randn(3, dtype=torch.float64),))
