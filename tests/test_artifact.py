@@ -1,0 +1,182 @@
+"""Artifacts: compile -> save -> load in a process where torch and egglog cannot be imported
+-> run matches PyTorch; damaged, newer, foreign-target and foreign-CPU artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import eclat
+from eclat.compiler.artifact import (
+    FORMAT_VERSION,
+    MANIFEST,
+    ArtifactError,
+    decode_program,
+    encode_program,
+    load_artifact,
+    save_artifact,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class TwoOut(torch.nn.Module):
+    """Two outputs in a dict, a matmul, an elementwise chain and a reduction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.relu(self.fc1(x))
+        return {"logits": self.fc2(h), "norm": h.pow(2).sum(-1)}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    torch.manual_seed(0)
+    model, x = TwoOut().eval(), torch.randn(3, 16)
+    compiled = eclat.compile(model, (x,), autotune="none", k=1, quiet=True)
+    folder = tmp_path_factory.mktemp("artifact")
+    path = str(folder / "model.eclat")
+    save_artifact(compiled, path)
+    with torch.no_grad():
+        want = model(x)
+    np.save(folder / "x.npy", x.numpy())
+    return {"path": path, "folder": folder, "compiled": compiled, "x": x,
+            "want": [want["logits"].numpy(), want["norm"].numpy()]}
+
+
+def _edit_manifest(src: str, dst: str, edit) -> None:
+    with zipfile.ZipFile(src) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(files[MANIFEST])
+    edit(manifest)
+    files[MANIFEST] = json.dumps(manifest).encode()
+    with zipfile.ZipFile(dst, "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+
+
+# Run in a fresh interpreter where `import torch` and `import egglog` raise ImportError.
+LOAD_WITHOUT_TORCH = textwrap.dedent("""
+    import json, sys, time
+    sys.modules["torch"] = None
+    sys.modules["egglog"] = None
+    import numpy as np
+    start = time.perf_counter()
+    import eclat
+    model = eclat.load(sys.argv[1])
+    seconds = time.perf_counter() - start
+    outs = model(np.load(sys.argv[2]))
+    np.savez(sys.argv[3], *outs)
+    print(json.dumps({"seconds": seconds, "artifact": model.report()["artifact"],
+                      "types": [type(o).__name__ for o in outs],
+                      "torch": "torch" in sys.modules and sys.modules["torch"] is not None}))
+""")
+
+
+def test_round_trip_without_torch_matches_pytorch(saved):
+    out = saved["folder"] / "outs.npz"
+    argv = [sys.executable, "-c", LOAD_WITHOUT_TORCH, saved["path"], str(saved["folder"] / "x.npy"), str(out)]
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert info["types"] == ["ndarray", "ndarray"] and not info["torch"]
+    assert info["artifact"]["loaded_from"] == "object"  # machine code, not recompiled
+    assert info["seconds"] < 1.0
+    got = np.load(out)
+    for j, want in enumerate(saved["want"]):
+        np.testing.assert_allclose(got[f"arr_{j}"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_loaded_model_with_torch_inputs_keeps_the_output_structure(saved):
+    loaded = load_artifact(saved["path"])
+    out = loaded(saved["x"])
+    assert set(out) == {"logits", "norm"} and isinstance(out["logits"], torch.Tensor)
+    np.testing.assert_allclose(out["logits"].numpy(), saved["want"][0], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="expected shape"):
+        loaded(np.zeros((2, 16), np.float32))
+
+
+def test_manifest_holds_the_kernel_program_as_data(saved):
+    with zipfile.ZipFile(saved["path"]) as z:
+        names = set(z.namelist())
+        manifest = json.loads(z.read(MANIFEST))
+    assert names == {"manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"}
+    assert manifest["format_version"] == FORMAT_VERSION and manifest["target"] == "cpu"
+    assert [(i["shape"], i["dtype"]) for i in manifest["inputs"]] == [([3, 16], "float32")]
+    program = saved["compiled"].executable.program
+    assert [k["name"] for k in manifest["program"]["kernels"]] == [k.name for k in program.kernels]
+    weights = {n: b.data for n, b in program.buffers.items() if b.role == "weight"}
+    back = decode_program(manifest["program"], weights)
+    assert [k.body for k in back.kernels] == [k.body for k in program.kernels]  # structural equality
+    assert [k.schedule for k in back.kernels] == [k.schedule for k in program.kernels]
+    assert json.loads(json.dumps(encode_program(back))) == manifest["program"]
+
+
+def test_foreign_cpu_rebuilds_from_the_stored_ir(saved, tmp_path):
+    path = str(tmp_path / "foreign.eclat")
+
+    def foreign(m):
+        m["device"]["features"] += ",+made-up-feature"
+    _edit_manifest(saved["path"], path, foreign)
+    loaded = load_artifact(path)
+    assert loaded.report()["artifact"]["loaded_from"] == "source"
+    np.testing.assert_allclose(loaded(saved["x"].numpy())[0], saved["want"][0], rtol=1e-4, atol=1e-5)
+
+
+def _truncated(src: bytes) -> bytes:
+    return src[: len(src) // 2]
+
+
+def _flipped(src: bytes) -> bytes:
+    data = bytearray(src)
+    at = data.find(b"eclat_run")  # inside the stored (uncompressed) object code
+    data[at] ^= 0xFF
+    return bytes(data)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (_truncated, "truncated or corrupt"),
+    (_flipped, "corrupt"),
+    (lambda src: b"not a zip at all", "truncated or corrupt"),
+])
+def test_damaged_artifacts_give_a_clear_error(saved, tmp_path, damage, message):
+    path = tmp_path / "bad.eclat"
+    path.write_bytes(damage(open(saved["path"], "rb").read()))
+    with pytest.raises(ArtifactError, match=message):
+        eclat.load(str(path))
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m.update(format_version=FORMAT_VERSION + 1), "format version 2.*upgrade eclat"),
+    (lambda m: m.update(target="metal"), "compiled for target 'metal'"),
+    (lambda m: m.update(format="something-else"), "not an eclat artifact"),
+    (lambda m: m["program"].pop("kernels"), "malformed manifest"),
+])
+def test_newer_foreign_and_malformed_manifests_are_refused(saved, tmp_path, edit, message):
+    path = str(tmp_path / "edited.eclat")
+    _edit_manifest(saved["path"], path, edit)
+    with pytest.raises(ArtifactError, match=message):
+        eclat.load(path)
+
+
+def test_missing_file_and_unsaveable_targets(tmp_path, saved):
+    with pytest.raises(ArtifactError, match="does not exist"):
+        eclat.load(str(tmp_path / "nope.eclat"))
+
+    class Other:
+        program = None
+    model = eclat.CompiledModel(Other(), [], None, {"target": "cuda"})
+    with pytest.raises(ArtifactError, match="not supported yet"):
+        save_artifact(model, str(tmp_path / "x.eclat"))
+    assert not (tmp_path / "x.eclat").exists()
