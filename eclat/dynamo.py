@@ -21,12 +21,15 @@ NAME = "eclat"
 OPTIONS = ("target", "autotune", "threads", "k")
 
 
-def eclat_backend(gm: Any, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
-    """A dynamo backend: FX graph + example inputs -> a callable returning the graph's outputs."""
+def eclat_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | None = None,
+                  mode: str | None = None) -> Callable[..., Any]:
+    """A dynamo backend: FX graph + example inputs -> a callable returning the graph's outputs.
+    torch.compile passes its `options` dict through; `mode` is not used."""
     import torch
 
     from . import compile as eclat_compile
 
+    options = dict(options or {})
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"eclat backend: unknown options {unknown}; expected some of {list(OPTIONS)}")
