@@ -70,6 +70,13 @@ def test_symbolic_sequence_length() -> None:
         _compare(model, graph, (torch.randint(0, 128, (1, s)),))
 
 
+def test_symbolic_sequence_length_hf_llama() -> None:
+    model, (ids,) = ZOO["hf_llama"]()
+    graph = lower(model, (ids,), dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=30)},))
+    for s in (5, 17):
+        _compare(model, graph, (torch.randint(0, 128, (1, s)),))
+
+
 class SizeArithmetic(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         n = x.shape[0]

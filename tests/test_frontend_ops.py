@@ -300,6 +300,10 @@ CASES: list[Case] = [
     C(aten.repeat.default, rn(2, 3), [2, 1, 3]), C(aten.repeat.default, NC(rn(3, 2)), [2, 2], _name="nc"),
     C(aten.constant_pad_nd.default, X, [1, 2]),
     C(aten.constant_pad_nd.default, rn(2, 3, 4), [1, -1, -1, 2], 0.5, _name="negative-value"),
+    C(aten.upsample_nearest2d.vec, rn(1, 2, 3, 4), None, [2.0, 3.0]),
+    C(aten.upsample_nearest2d.vec, rn(1, 2, 3, 5), [7, 4], None, _name="sizes"),
+    C(aten.upsample_nearest2d.default, rn(1, 2, 3, 4), [6, 9]),
+    C(aten.upsample_nearest2d.default, rn(1, 2, 3, 4), [7, 10], 2.5, 2.5, _name="scales"),
     C(aten.triu.default, rn(4, 5), 1), C(aten.triu.default, rn(2, 4, 4), -1, _name="batched"),
     C(aten.tril.default, rn(4, 5)), C(aten.tril.default, I34, 2, _name="int"),
     # indexing (negative indices count from the end)

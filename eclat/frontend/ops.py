@@ -543,10 +543,31 @@ def _cat(ctx: Ctx, tensors: Sequence[Node], dim: int = 0) -> Node:
         pads = [(0, 0)] * len(t.shape)
         pads[axis] = (offset, total - offset - t.shape[axis])
         offset = offset + t.shape[axis]
-        piece = g.movement(t, lambda v, pads=pads: v.pad(pads))
+        # the padded length is `total` (stated, since symbolic sums may not simplify to it)
+        piece = g.movement(t, lambda v, pads=pads: _with_shape(v.pad(pads), ctx.out_shape))
         # padding reads as zero, so the pieces add up to the concatenation
         out = piece if out is None else P.add(out, piece)
     return out if out is not None else _out(ctx, 0)
+
+
+def _with_shape(v: View, shape: Sequence[sint]) -> View:
+    return View.make(shape, v.strides, v.offset, v.mask)
+
+
+def _upsample_nearest(ctx: Ctx, x: Node, output_size: Sequence[int] | None = None,
+                      scale_factors: Sequence[float] | None = None) -> Node:
+    """Nearest-neighbour upsampling: output i reads input floor(i * scale), a Gather per axis."""
+    nd = len(ctx.out_shape) - 2
+    out = x
+    for k in range(nd):
+        axis = 2 + k
+        n, o = as_int(x.shape[axis]), as_int(ctx.out_shape[axis])
+        if n is None or o is None:
+            raise NotImplementedError("upsampling with symbolic sizes")
+        scale = 1 / scale_factors[k] if scale_factors else n / o
+        src = np.minimum(np.floor(np.arange(o) * np.float32(scale)), n - 1).astype(np.int64)
+        out = _index(ctx, out, [None] * axis + [ctx.constant(src)])
+    return out
 
 
 def _split_sizes(ctx: Ctx, x: Node, sizes: Sequence[sint], dim: int = 0) -> tuple[Node, ...]:
@@ -842,6 +863,9 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.flip.default: _flip,
     aten.repeat.default: _repeat,
     aten.constant_pad_nd.default: _constant_pad,
+    aten.upsample_nearest2d.vec: _upsample_nearest,
+    aten.upsample_nearest2d.default: lambda ctx, x, size, sh=None, sw=None: _upsample_nearest(
+        ctx, x, size, [sh, sw] if sh and sw else None),
     aten.triu.default: _tri(False), aten.tril.default: _tri(True),
     # indexing
     aten.index.Tensor: _index,
