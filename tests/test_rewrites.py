@@ -214,3 +214,34 @@ def test_optimize_zoo_models(name: str):
         for p, q in zip(run(graph, arrays), run(cand, arrays)):
             np.testing.assert_allclose(q, p, rtol=1e-4, atol=1e-4)
     assert res.candidates[0].op_counts().get("matmul", 0) >= 1
+
+
+def test_repeated_layers_are_optimised_once():
+    graph = llama(layers=3)
+    res = optimize(graph, "cpu", k=4)
+    assert res.stats["blocks"] < res.stats["segments"]  # identical layers share one e-graph
+    for cand in res.candidates:
+        assert_same(graph, cand)
+    best = res.candidates[0]
+    assert best.op_counts()["matmul"] == 3 * 9
+    laid = {n.arg.split(".")[0] for n in best.nodes() if n.op == "weight" and ".laid" in n.arg}
+    assert laid == {"l0", "l1", "l2"}  # each layer's own weights, laid out for its matmuls
+
+
+def test_blocks_match_only_equal_structure():
+    from eclat.rewrites import blocks
+
+    def repeated(graph):
+        return [(rep, members) for rep, members in blocks.group(blocks.split(graph))
+                if len(members) > 1 and len(blocks._nodes(rep)) > 16]
+
+    reps = repeated(llama(layers=3))
+    assert len(reps) == 2  # the attention half and the MLP half of a layer
+    for rep, members in reps:
+        for _, m in members[1:]:
+            assert all(m[id(n)].shape == n.shape and m[id(n)].op == n.op for n in blocks._nodes(rep))
+    attn = next(rep for rep, _ in reps if any(n.op == "max_reduce" for n in blocks._nodes(rep)))
+    mlp = next(rep for rep, _ in reps if rep is not attn)
+    other = blocks.split(llama(layers=3, ffn=24))
+    assert any(blocks.match(attn, s) is not None for s in other)
+    assert all(blocks.match(mlp, s) is None for s in other)  # another MLP width is another block

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..ir.graph import Graph
+from ..ir.graph import Graph, Node
+from . import blocks
 from .encode import Encoding, decode
 from .extract import candidates, costs, read_egraph
 from .registry import EXPLOSIVE, FUSION, STAGES, backend_rules
@@ -27,9 +28,67 @@ class Optimized:
 
 def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float = 5.0,
              node_limit: int = 30000) -> Optimized:
-    """Saturate graph under the rule sets (and target's own), extract k distinct candidates."""
+    """Saturate graph under the rule sets (and target's own), extract k distinct candidates.
+    Structurally identical blocks (transformer layers) are optimised once and reused."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
+    backend_rules(target)  # an unknown target fails before any work
+    start = time.perf_counter()
+    segments, reps = blocks.blocks(graph)
+    if len(reps) == len(segments):
+        opt, _ = _optimize_one(graph, target, k, time_limit, node_limit)
+        return opt
+    share = time_limit / len(reps)
+    parts = []
+    for rep, _ in reps:
+        sub = blocks.rep_graph(rep, graph)
+        opt, enc = _optimize_one(sub, target, k, share, node_limit)
+        parts.append((opt, enc, {n.arg: n for n in sub.nodes() if n.op == "weight"}))
+    of_segment = {i: (r, m) for r, (_, members) in enumerate(reps) for i, m in members}
+    graphs, made = [], {}
+    for c in range(max(len(opt.candidates) for opt, _, _ in parts)):
+        weights = dict(graph.weights)
+        value: dict[int, Node] = {}
+        for i, seg in enumerate(segments):
+            r, m = of_segment[i]
+            opt, enc, rep_weights = parts[r]
+            cand = _pick(opt.candidates, c)
+            cut = value.get(id(seg.cut_in))
+            outs = blocks.rebind(cand, m, cut, enc.new_weights, rep_weights, weights, made)
+            value.update((id(o), v) for o, v in zip(seg.outputs, outs))
+        graphs.append(Graph(graph.inputs, [value[id(o)] for o in graph.outputs], weights, graph.out_spec))
+    stats = {
+        "enodes": sum(o.stats["enodes"] for o, _, _ in parts),
+        "eclasses": sum(o.stats["eclasses"] for o, _, _ in parts),
+        "iterations": max(o.stats["iterations"] for o, _, _ in parts),
+        "seconds": round(time.perf_counter() - start, 3),
+        "rules": _merge([o.stats["rules"] for o, _, _ in parts]),
+        "extracted": len(graphs),
+        "stopped": ", ".join(sorted({o.stats["stopped"] for o, _, _ in parts})),
+        "segments": len(segments),
+        "blocks": len(reps),
+        "costs": [round(sum(_pick(parts[r][0].stats["costs"], c) for r, _ in of_segment.values()), 1)
+                  for c in range(len(graphs))],
+    }
+    return Optimized(graphs, stats)
+
+
+def _pick(items: list, c: int):
+    """The c-th candidate of a block, or its last when it has fewer."""
+    return items[min(c, len(items) - 1)]
+
+
+def _merge(counts: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for per_set in counts:
+        for rs, rules in per_set.items():
+            for rule, n in rules.items():
+                out.setdefault(rs, {})[rule] = out.get(rs, {}).get(rule, 0) + n
+    return out
+
+
+def _optimize_one(graph: Graph, target: str, k: int, time_limit: float,
+                  node_limit: int) -> tuple[Optimized, Encoding]:
     start = time.perf_counter()
     main = [*STAGES, *backend_rules(target)]
     enc = Encoding.of(graph)
@@ -54,7 +113,7 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
         "stopped": sat.stopped,
         "costs": [round(sum(cost[n] for n in ch.values()), 1) for ch in choices],
     }
-    return Optimized(graphs, stats)
+    return Optimized(graphs, stats), enc
 
 
 __all__ = ["Optimized", "backend_rules", "optimize"]

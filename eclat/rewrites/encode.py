@@ -23,6 +23,7 @@ from ..ir.symbolic import as_int
 from ..ir.view import View
 from .composites import build_composite
 from .lang import CTOR_OF_OP, CTORS
+from .layout import laid_out
 
 Term = tuple  # (ctor, *args) with T arguments as term indices
 
@@ -35,7 +36,7 @@ class Encoding:
     terms: list[Term] = field(default_factory=list)
     term_ids: dict[Term, int] = field(default_factory=dict)
     roots: list[int] = field(default_factory=list)
-    new_weights: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict)  # made when used
+    new_weights: dict[str, tuple[str, View]] = field(default_factory=dict)  # name -> (source, view)
     oracles: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
     made: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -192,7 +193,8 @@ def decode(enc: Encoding, choice: Callable[[int], tuple], roots: list[int]) -> G
     weights = dict(enc.graph.weights)
     for n in Graph([], outputs, {}).nodes():
         if n.op == "weight" and n.arg in enc.new_weights:
-            weights[n.arg] = enc.made.get(n.arg)
-            if weights[n.arg] is None:
-                weights[n.arg] = enc.made[n.arg] = enc.new_weights[n.arg]()
+            if n.arg not in enc.made:  # laid out once, when a candidate first uses it
+                src, v = enc.new_weights[n.arg]
+                enc.made[n.arg] = laid_out(enc.graph.weights[src], v)
+            weights[n.arg] = enc.made[n.arg]
     return Graph(enc.graph.inputs, outputs, weights, enc.graph.out_spec)

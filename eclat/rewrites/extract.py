@@ -25,7 +25,8 @@ from .lang import CTORS
 
 LAUNCH = 2000.0  # a kernel boundary, in units of one elementwise op
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
-SYMBOLIC_HINT = 64  # size assumed for a symbolic dimension when estimating
+SYMBOLIC_HINT = 64
+LEAF_COPY = 100.0  # size assumed for a symbolic dimension when estimating
 
 
 @dataclass
@@ -138,13 +139,13 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list) -> float:
 
 
 def costs(data: EGraphData, attrs: list, copy_leaves: bool = False) -> list[float]:
-    """Per-node costs; inf where a node cannot be typed or (unless copy_leaves) copies a
-    buffer that already exists."""
+    """Per-node costs; inf where a node cannot be typed. Copying a buffer that already exists
+    is never worth it: unless copy_leaves, it costs as much as LEAF_COPY kernels."""
     leaves = set() if copy_leaves else {c for node, c in zip(data.nodes, data.node_class)
                                         if node[0] in ("Leaf", "Fill")}
     return [node_cost(node, data.info[c], [data.info[k] for k in kids], attrs)
-            if c in data.info and all(k in data.info for k in kids)
-            and not (node[0] == "Contiguous" and kids[0] in leaves) else math.inf
+            + (LEAF_COPY * LAUNCH if node[0] == "Contiguous" and kids[0] in leaves else 0.0)
+            if c in data.info and all(k in data.info for k in kids) else math.inf
             for node, c, kids in zip(data.nodes, data.node_class, data.children)]
 
 

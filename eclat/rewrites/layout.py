@@ -28,7 +28,8 @@ def is_permutation(v: View, numel: int) -> bool:
     return acc == numel
 
 
-def _laid_out(array: np.ndarray, v: View) -> np.ndarray:
+def laid_out(array: np.ndarray, v: View) -> np.ndarray:
+    """The elements array's view v reads, as a new contiguous array."""
     flat = np.ascontiguousarray(array).reshape(-1)
     strides = [int(s) * flat.itemsize for s in v.strides]
     return np.ascontiguousarray(np.lib.stride_tricks.as_strided(flat, [int(n) for n in v.shape], strides))
@@ -48,7 +49,7 @@ def fill_layout(enc) -> list[tuple[str, tuple[int, ...], int]]:
         for vi, v in by_numel.get(array.size, []):
             if is_permutation(v, array.size):
                 name = f"{w.arg}.laid{vi}"
-                enc.new_weights[name] = lambda a=array, v=v: _laid_out(a, v)
+                enc.new_weights[name] = (w.arg, v)
                 out.append(("laid", (wi, vi), enc.leaf_id(Node("weight", (), name, v.shape, w.dtype))))
     return out
 
