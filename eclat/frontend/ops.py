@@ -193,10 +193,6 @@ def _mean(ctx: Ctx, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: A
     return _out(ctx, P.mean(g.cast(x, ctx.out_dtype), _dims(dim, len(x.shape)), keepdim))
 
 
-def _max_reduce(ctx: Ctx, x: Node, dims: list[int], keepdim: bool) -> Node:
-    return P.reduce("max_reduce", x, dims, keepdim)
-
-
 def _min_reduce(x: Node, dims: list[int], keepdim: bool) -> Node:
     if x.dtype is DType.bool:
         return P.logical_not(P.reduce("max_reduce", P.logical_not(x), dims, keepdim))
@@ -476,7 +472,7 @@ def _native_batch_norm(ctx: Ctx, x, w, b, mean, var, training: bool, momentum: f
 
 def _group_norm(ctx: Ctx, x: Node, w: Node | None, b: Node | None, n: sint, c: sint, hw: sint,
                 groups: int, eps: float) -> tuple[Node, Node, Node]:
-    grouped = P.reshape(x, (n, groups, prod([c, hw]) // groups if isinstance(c, Expr) else c // groups * hw))
+    grouped = P.reshape(x, (n, groups, prod(x.shape[1:]) // groups))
     mean = P.mean(grouped, [2], keepdim=True)
     d = P.sub(grouped, mean)
     rstd = P.rsqrt(P.add(P.mean(P.mul(d, d), [2], keepdim=True), eps))
@@ -701,20 +697,12 @@ def _embedding(ctx: Ctx, weight: Node, idx: Node, *_: Any) -> Node:
 
 # --- creation and casts --------------------------------------------------------------------------
 
-def _full(ctx: Ctx, size: Any, value: Value, **_: Any) -> Node:
-    return _out(ctx, value)
-
-
-def _full_like(ctx: Ctx, x: Node, value: Value, **_: Any) -> Node:
+def _full(ctx: Ctx, size_or_like: Any, value: Value, **_: Any) -> Node:
     return _out(ctx, value)
 
 
 def _fill(value: Value) -> Callable[..., Node]:
     return lambda ctx, *_, **__: _out(ctx, value)
-
-
-def _scalar_tensor(ctx: Ctx, value: Value, **_: Any) -> Node:
-    return _out(ctx, value)
 
 
 def _arange(ctx: Ctx, *args: Value, **_: Any) -> Node:
@@ -873,11 +861,11 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.gather.default: _gather_dim,
     aten.embedding.default: _embedding,
     # creation, casts, no-ops
-    aten.full.default: _full, aten.full_like.default: _full_like,
+    aten.full.default: _full, aten.full_like.default: _full,
     aten.zeros.default: _fill(0), aten.ones.default: _fill(1),
     aten.zeros_like.default: _fill(0), aten.ones_like.default: _fill(1),
     aten.empty.memory_format: _fill(0), aten.empty_like.default: _fill(0),  # contents undefined: zeros
-    aten.scalar_tensor.default: _scalar_tensor,
+    aten.scalar_tensor.default: lambda ctx, value, **_: _out(ctx, value),
     aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
     aten._to_copy.default: _to_copy,
     aten.clone.default: _identity, aten.alias.default: _identity, aten.detach.default: _identity,

@@ -6,6 +6,7 @@ Every helper takes IR nodes or Python scalars and returns a node. High-level fun
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -73,8 +74,14 @@ def lift(x: Value, dtype: DType, shape: Sequence[sint] | None = None) -> Node:
     """x as a node of dtype, broadcast to shape if given (a Python scalar becomes a Const)."""
     if isinstance(x, Expr):
         x = sym_node(x) if as_int(x) is None else as_int(x)
-    node = g.const(dtype.np.type(x).item(), dtype) if not isinstance(x, Node) else g.cast(x, dtype)
+    node = g.cast(x, dtype) if isinstance(x, Node) else _const(repr(x), dtype.np.type(x).item(), dtype)
     return node if shape is None else g.expand_to(node, shape)
+
+
+@functools.lru_cache(maxsize=4096)
+def _const(key: str, value: Scalar, dtype: DType) -> Node:
+    """One shared Const node per value and dtype (keyed by repr, so -0.0 and nan are distinct)."""
+    return g.const(value, dtype)
 
 
 def shape_of(x: Value) -> tuple[sint, ...]:
@@ -269,14 +276,10 @@ def reduce(op: str, x: Node, axes: Sequence[int], keepdim: bool = False) -> Node
     return out
 
 
-def numel_of(shape: Sequence[sint]) -> sint:
-    return prod(shape)
-
-
 def mean(x: Node, axes: Sequence[int], keepdim: bool = False) -> Node:
     nd = len(x.shape)
     axes = list(range(nd)) if not axes else [a % nd for a in axes]
-    n = numel_of([x.shape[a] for a in axes])
+    n = prod([x.shape[a] for a in axes])
     s = reduce("sum", to_float(x), axes, keepdim)
     if as_int(n) is not None:
         return mul(s, 1.0 / n if n else math.nan)
