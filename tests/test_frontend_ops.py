@@ -121,6 +121,8 @@ NZ = ri(1, 5, 3, 4) * torch.where(rb(3, 4), 1, -1)  # non-zero integers of both 
 SPECIAL = torch.tensor([0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e-30, 3e7, -1e9,
                         math.inf, -math.inf, math.nan])
 
+TENSOR_CMP = (aten.lt.Tensor, aten.gt.Tensor, aten.le.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor)
+
 CASES: list[Case] = [
     # arithmetic with broadcasting, scalars, integer promotion
     C(aten.add.Tensor, X, rn(4, seed=2)), C(aten.add.Tensor, X, Y, alpha=2.5, _name="alpha"),
@@ -190,10 +192,11 @@ CASES: list[Case] = [
     C(aten.silu.default, X * 5), C(aten.hardtanh.default, X, -0.5, 0.5), C(aten.leaky_relu.default, X, 0.2),
     C(aten.elu.default, X, 1.5, 1.0, 1.0),
     # comparisons and logic (results are bool)
-    *[C(op, X, Y) for op in (aten.lt.Tensor, aten.gt.Tensor, aten.le.Tensor, aten.ge.Tensor, aten.eq.Tensor,
-                             aten.ne.Tensor)],
+    *[C(op, X, Y) for op in TENSOR_CMP],
     *[C(op, I34, 0.5) for op in (aten.lt.Scalar, aten.gt.Scalar, aten.le.Scalar, aten.ge.Scalar)],
     C(aten.eq.Scalar, I34, 1), C(aten.ne.Scalar, I34, 1), C(aten.eq.Tensor, X, X.clone(), _name="equal"),
+    *[C(op, SPECIAL, SPECIAL.flip(0)[:, None], _name="nan-inf") for op in TENSOR_CMP],
+    *[C(op, SPECIAL, math.nan, _name="nan") for op in (aten.le.Scalar, aten.eq.Scalar, aten.ne.Scalar)],
     C(aten.lt.Tensor, I34, rn(4), _name="int-float"),
     C(aten.where.self, rb(3, 4), X, Y), C(aten.where.self, rb(3, 1), I34, rn(4), _name="promote-bcast"),
     C(aten.where.self, rb(4), X, torch.tensor(-math.inf), _name="0dim"),

@@ -222,11 +222,26 @@ def logical_or(a: Value, b: Value) -> Node: return where(a, True, lift(b, DType.
 def logical_xor(a: Value, b: Value) -> Node: return where(a, logical_not(b), lift(b, DType.bool))
 
 
+def isnan(x: Node) -> Node:
+    """NaN is the one value neither below +inf nor above -inf."""
+    return logical_not(logical_or(lt(x, math.inf), lt(-math.inf, x)))
+
+
+def _ordered(raw: Node, a: Value, b: Value) -> Node:
+    """raw, except False where a or b is NaN (as every comparison but != is)."""
+    nans = [isnan(x) for x in (a, b) if isinstance(x, Node) and x.dtype.is_float]
+    if any(isinstance(x, float) and math.isnan(x) for x in (a, b)):
+        return where(raw, False, False)
+    for nan in nans:
+        raw = where(nan, False, raw)
+    return raw
+
+
 def gt(a: Value, b: Value) -> Node: return lt(b, a)
-def ge(a: Value, b: Value) -> Node: return logical_not(lt(a, b))
-def le(a: Value, b: Value) -> Node: return logical_not(lt(b, a))
-def ne(a: Value, b: Value) -> Node: return logical_or(lt(a, b), lt(b, a))
-def eq(a: Value, b: Value) -> Node: return logical_not(ne(a, b))
+def ge(a: Value, b: Value) -> Node: return _ordered(logical_not(lt(a, b)), a, b)
+def le(a: Value, b: Value) -> Node: return _ordered(logical_not(lt(b, a)), a, b)
+def eq(a: Value, b: Value) -> Node: return _ordered(logical_not(logical_or(lt(a, b), lt(b, a))), a, b)
+def ne(a: Value, b: Value) -> Node: return logical_not(eq(a, b))
 
 
 # --- rounding ------------------------------------------------------------------------------
