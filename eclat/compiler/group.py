@@ -88,23 +88,38 @@ def _sum(terms: list[tuple[int, Expr | None]]) -> Expr:
     return out
 
 
+def _split_const(ts: list[tuple[int, Expr | None]], s: int) -> tuple[list, list]:
+    """Terms that are multiples of s (divided by s), and the rest below s where possible."""
+    whole, rest = [], []
+    for c, a in ts:
+        if a is None:
+            q, r = divmod(c, s)
+            whole.append((q, None))
+            rest.append((r, None))
+        elif c % s == 0:
+            whole.append((c // s, a))
+        else:
+            rest.append((c, a))
+    return whole, rest
+
+
 def _div(e: Expr, s: int) -> Expr:
-    """e // s, splitting off the terms that are multiples of s."""
+    """e // s for e >= 0, splitting off the terms that are multiples of s."""
     if s == 1:
         return e
-    ts = terms(e)
-    rest = [(c, a) for c, a in ts if c % s]
+    whole, rest = _split_const(terms(e), s)
     lo, hi = bounds(_sum(rest))
     if 0 <= lo and hi < s:
-        return _sum([(c // s, a) for c, a in ts if c % s == 0])
+        return _sum(whole)
     return floordiv(e, s)
 
 
 def _mod(e: Expr, n: int) -> Expr:
-    ts = [(c, a) for c, a in terms(e) if c % n]
-    rest = _sum(ts)
-    lo, hi = bounds(rest)
-    return rest if 0 <= lo and hi < n else mod(rest, n)
+    """e % n for e >= 0 (falls back to the whole e, never a possibly negative part)."""
+    _, rest = _split_const(terms(e), n)
+    r = _sum(rest)
+    lo, hi = bounds(r)
+    return r if 0 <= lo and hi < n else mod(e, n)
 
 
 def unravel(flat: Expr, shape: Sequence[int]) -> tuple[Expr, ...]:
@@ -227,6 +242,8 @@ class _Grouping:
             flat, valid = v.index(idxs)
             src = n.srcs[0]
             inner = logical_and(guard, valid)
+            if src.op in ("input", "weight") or id(src) in self.buf_of:
+                return Load(self.buf_of[id(src)], flat, inner, n.dtype)
             x = self.value(src, unravel(flat, [int(d) for d in src.shape]), inner)
             if to_expr(valid) == Num(1) or isinstance(x, Load):
                 return x

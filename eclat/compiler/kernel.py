@@ -72,19 +72,35 @@ class Buffer:
 
 # --- expressions --------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+def _node(cls):
+    """A frozen dataclass whose hash is computed once: kernel trees are DAGs with much
+    sharing, and recursive hashing would revisit every shared subtree."""
+    cls = dataclass(frozen=True)(cls)
+    structural = cls.__hash__
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = structural(self)
+            object.__setattr__(self, "_hash", h)
+        return h
+    cls.__hash__ = __hash__
+    return cls
+
+
+@_node
 class Const:
     value: Any
     dtype: DType
 
 
-@dataclass(frozen=True)
+@_node
 class Index:
     expr: Expr
     dtype: DType
 
 
-@dataclass(frozen=True)
+@_node
 class Load:
     buffer: str
     index: Expr
@@ -92,7 +108,7 @@ class Load:
     dtype: DType
 
 
-@dataclass(frozen=True)
+@_node
 class Gather:
     buffer: str
     idx: KExpr
@@ -102,14 +118,14 @@ class Gather:
     dtype: DType
 
 
-@dataclass(frozen=True)
+@_node
 class Op:
     op: str
     srcs: tuple[KExpr, ...]
     dtype: DType
 
 
-@dataclass(frozen=True)
+@_node
 class Reduce:
     op: str
     size: int

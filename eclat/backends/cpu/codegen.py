@@ -360,6 +360,9 @@ class _KernelEmitter:
             return b.call(math_function(self.mod, e.op), [x])
         if e.op == "sqrt":
             return b.call(_intrinsic(self.mod, "llvm.sqrt", args[0].type), args)
+        if e.op == "neg":
+            x = args[0]
+            return b.fneg(x) if e.dtype.is_float else b.sub(ir.Constant(x.type, 0), x)
         if e.op == "recip":
             return b.fdiv(ir.Constant(args[0].type, 1.0), args[0])
         if e.op == "fma":
