@@ -245,3 +245,32 @@ def test_blocks_match_only_equal_structure():
     other = blocks.split(llama(layers=3, ffn=24))
     assert any(blocks.match(attn, s) is not None for s in other)
     assert all(blocks.match(mlp, s) is None for s in other)  # another MLP width is another block
+
+
+def test_symbolic_sequence_length():
+    from eclat.ir.symbolic import Var
+
+    s = Var("S", 1, 64)
+    x = g.input_("x", (s, 8))
+    w = g.weight("w", np.zeros((6, 8), np.float32), DType.float32)
+    y = matmul(x, g.movement(w, lambda v: v.permute([1, 0])))
+    y = g.binary("add", y, g.expand_to(g.const(0.0), (s, 6)))
+    total = g.reduce("sum", g.unary("exp2", y), 1)
+    weights = {"w": np.random.default_rng(1).standard_normal((6, 8)).astype(np.float32)}
+    graph = g.decompose_composites(Graph([x], [y, total], weights))
+    res = optimize(graph, k=4)
+    assert res.candidates[0].op_counts() == {"input": 1, "weight": 1, "matmul": 1, "exp2": 1, "sum": 1}
+    for n in (1, 5):
+        xs = [np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32)]
+        for cand in res.candidates:
+            for p, q in zip(run(graph, xs), run(cand, xs)):
+                np.testing.assert_allclose(q, p, rtol=1e-4, atol=1e-5)
+
+
+def test_node_limit_stops_saturation():
+    graph = llama(layers=1)
+    res = optimize(graph, k=2, node_limit=200)
+    assert res.stats["stopped"] == "e-node limit"
+    assert res.stats["enodes"] < 1021  # the unbounded run of this block holds 1021
+    for cand in res.candidates:
+        assert_same(graph, cand)
