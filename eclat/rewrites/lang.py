@@ -38,10 +38,6 @@ CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "Op1": ("", ("attr", "T")), "Op2": ("", ("attr", "T", "T")), "Op3": ("", ("attr", "T", "T", "T")),
 }
 CTOR_OF_OP = {op: c for c, (op, _) in CTORS.items() if op}
-ELEMENTWISE = [c for c, (op, _) in CTORS.items()
-               if op in ("exp2", "log2", "sin", "sqrt", "recip", "neg", "cast", "add", "mul", "mod",
-                         "lt", "max", "where", "fma", "rsqrt")]
-
 # oracle functions: name -> number of i64 keys (all values are i64 attribute ids)
 ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2}
 
@@ -87,25 +83,6 @@ def parse(text: str) -> Sexp:
     return out
 
 
-def render(e: Sexp) -> str:
-    if isinstance(e, tuple):
-        return "(" + " ".join(render(x) for x in e) + ")"
-    if isinstance(e, float):
-        return repr(e) if "." in repr(e) or "e" in repr(e) else f"{e}.0"
-    return str(e)
-
-
-def variables(e: Sexp) -> list[str]:
-    """Symbols of e that are rule variables (lower-case, not a primitive)."""
-    out: list[str] = []
-    if isinstance(e, tuple):
-        for x in e[1:] if e and isinstance(e[0], str) else e:
-            out += [v for v in variables(x) if v not in out]
-    elif isinstance(e, str) and e[:1].islower() and e not in ORACLES:
-        out.append(e)
-    return out
-
-
 # --- rules --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -114,18 +91,14 @@ class Rule:
     lhs: str
     rhs: str
     when: tuple[str, ...] = ()
-    # variable -> value (tensor var: shape tuple; f64 var: float; "d*": DType; "s*": shape; axis: int),
-    # or a function returning a Graph whose single output has the form of lhs
+    # variable -> value, by the position it takes in lhs: a tensor (T) a shape or (shape, dtype),
+    # default float32 [2, 3]; an f64 a float; an attr a DType or a shape; an int an axis.
+    # Or a function returning a Graph whose single output has the form of lhs.
     example: dict[str, Any] | Callable[[], Any] = field(default_factory=dict)
-    bidirectional: bool = False
 
     def egglog(self, ruleset: str) -> str:
         facts = f"(= __e {self.lhs}) " + " ".join(self.when)
-        text = f'(rule ({facts}) ((union __e {self.rhs})) :ruleset {ruleset} :name "{self.name}")'
-        if self.bidirectional:
-            back = f"(= __e {self.rhs}) " + " ".join(self.when)
-            text += f'\n(rule ({back}) ((union __e {self.lhs})) :ruleset {ruleset} :name "{self.name}~")'
-        return text
+        return f'(rule ({facts}) ((union __e {self.rhs})) :ruleset {ruleset} :name "{self.name}")'
 
 
 @dataclass(frozen=True)
