@@ -96,6 +96,27 @@ def test_size_arithmetic_and_non_tensor_outputs() -> None:
         assert int(k) == rk
 
 
+class Constants(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor([1.0, 2.0, 3.0, 4.0]), persistent=False)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        shift = torch.tensor([0.5, -0.5, 1.5, 2.5])  # a lifted constant
+        return {"y": x * self.scale + shift * x.shape[0], "picked": x[ids], "n": ids.sum()}
+
+
+def test_buffers_lifted_constants_and_dict_outputs() -> None:
+    args = (torch.randn(3, 4), torch.tensor([2, 0, -1]))
+    graph = lower(Constants(), args)
+    assert "scale" in graph.weights and len(graph.weights) == 2
+    got = pytree.tree_unflatten(run(graph, [a.numpy() for a in args]), graph.out_spec)
+    ref = Constants()(*args)
+    assert set(got) == {"y", "picked", "n"}
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k].numpy(), rtol=RTOL, atol=ATOL)
+
+
 class UsesTopk(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * 2
