@@ -48,7 +48,7 @@ from ..compiler.kernel import (
 )
 from ..errors import EclatError
 from ..ir.dtypes import DType
-from ..ir.symbolic import Expr, Num, Var, render
+from ..ir.symbolic import BinOp, Expr, Num, Var, bounds, render
 
 # --- dialects -----------------------------------------------------------------------------------
 
@@ -113,10 +113,12 @@ METAL = Dialect(
     name="metal",
     prelude="#include <metal_stdlib>\nusing namespace metal;\n",
     kernel="kernel void",
-    global_="device", shared="threadgroup", restrict="", barrier="threadgroup_barrier(mem_flags::mem_threadgroup);",
+    global_="device", shared="threadgroup", restrict="",
+    barrier="threadgroup_barrier(mem_flags::mem_threadgroup);",
     group_id="(int)gid_", local_id="(int)lid_",
     param="{space} {const}{type}* {name} [[buffer({n})]]",
-    thread_params=("uint gid_ [[threadgroup_position_in_grid]]", "uint lid_ [[thread_position_in_threadgroup]]"),
+    thread_params=("uint gid_ [[threadgroup_position_in_grid]]",
+                   "uint lid_ [[thread_position_in_threadgroup]]"),
     math={"exp2": "metal::exp2", "log2": "metal::log2", "sin": "metal::sin", "sqrt": "metal::sqrt",
           "rsqrt": "metal::rsqrt", "fma": "metal::fma", "fmod": "metal::fmod", "isnan": "metal::isnan"},
     types={**_COMMON_TYPES, DType.int64: "long"}, mem_types={DType.bool: "uchar"},
@@ -211,8 +213,9 @@ def gpu_schedule_space(kernel: Kernel) -> list[GpuSchedule]:
     out = [default_gpu_schedule(kernel)]
     c = _contraction(kernel)
     if c is not None:
-        out += [_tile_for(kernel, c, *t) for t in ((32, 32, 16, 2, 2), (64, 64, 16, 4, 4), (128, 64, 8, 8, 4),
-                                                   (64, 128, 8, 4, 8), (128, 128, 8, 8, 8), (16, 64, 16, 1, 4))]
+        tiles = ((32, 32, 16, 2, 2), (64, 64, 16, 4, 4), (128, 64, 8, 8, 4), (64, 128, 8, 4, 8),
+                 (128, 128, 8, 8, 8), (16, 64, 16, 1, 4))  # (TM, TN, TK, RM, RN)
+        out += [_tile_for(kernel, c, *t) for t in tiles]
     if reduces(kernel.body):
         out += [GpuSchedule("row", threads=t) for t in (64, 128, 256)]
     out += [GpuSchedule("flat", threads=t) for t in (64, 128, 256)]
@@ -250,6 +253,21 @@ def _vector_ok(kernel: Kernel, width: int) -> bool:
 
 
 # --- rendering ------------------------------------------------------------------------------------
+
+_C_OPS = {"+": "+", "*": "*", "//": "/", "%": "%", "<": "<", "and": "&&"}
+
+
+def c_index(e: Expr | int) -> str:
+    """A symbolic index expression in C. `//` and `%` keep their floor meaning where the
+    dividend may be negative (a padded view's index), where C would truncate toward zero."""
+    if not isinstance(e, BinOp):
+        return render(e)
+    a, b = c_index(e.a), c_index(e.b)
+    if e.op in ("//", "%") and bounds(e.a)[0] < 0:
+        rem = f"(({a} % {b} + {b}) % {b})"
+        return rem if e.op == "%" else f"(({a} - {rem}) / {b})"
+    return f"({a} {_C_OPS[e.op]} {b})"
+
 
 
 @dataclass
@@ -321,12 +339,14 @@ class _Emitter:
         params = []
         for n, name in enumerate(self.args):
             dt = self.buffers[name].dtype
-            params.append(d.param.format(space=d.global_, const="" if name == k.out else "const ",
-                                         type=self.mem_type(dt), restrict=d.restrict, name=self.cname[name], n=n))
+            const = "" if name == k.out else "const "
+            params.append(d.param.format(space=d.global_, const=const, type=self.mem_type(dt),
+                                         restrict=d.restrict, name=self.cname[name], n=n))
         params += d.thread_params
         head = f"{d.kernel.format(threads=self.s.group_size)} {k.name}({', '.join(params)}) {{"
         body = [f"  {decl}" for decl in self.shared.values()] + self.lines
-        src = "\n".join([f"// {k.name}: {self.s.strategy} {list(k.shape)} ops={','.join(k.ops)}", head, *body, "}", ""])
+        note = f"// {k.name}: {self.s.strategy} {list(k.shape)} ops={','.join(k.ops)}"
+        src = "\n".join([note, head, *body, "}", ""])
         return RenderedKernel(k.name, src, self.args, self.groups, self.s.group_size, self.s)
 
     # --- scopes ----------------------------------------------------------------------------------
@@ -408,8 +428,9 @@ class _Emitter:
             return f"{v!r}f"
         v = int(value)
         if dt is DType.int64:
-            lo = -(2**63)
-            return f"(-9223372036854775807{self.d.long_suffix} - 1)" if v == lo else f"{v}{self.d.long_suffix}"
+            if v == -(2**63):
+                return f"(-9223372036854775807{self.d.long_suffix} - 1)"
+            return f"{v}{self.d.long_suffix}"
         return "(-2147483647 - 1)" if v == -(2**31) else str(v)
 
     def identity(self, op: str, dt: DType) -> str:
@@ -420,7 +441,7 @@ class _Emitter:
         return self.literal(False if dt is DType.bool else np.iinfo(dt.np).min, dt)
 
     def sym(self, e: Expr | int) -> str:
-        return render(e)
+        return c_index(e)
 
     # --- expressions -----------------------------------------------------------------------------
     def emit(self, e: KExpr) -> str:
@@ -552,7 +573,8 @@ class _Emitter:
             self.line(f"{red}[lid] = {acc};")
             self.line(d.barrier)
             self.open(f"for (int s = {t // 2}; s > 0; s >>= 1)")
-            self.line(f"if (lid < s) {red}[lid] = {self.combine(r.op, f'{red}[lid]', f'{red}[lid + s]', dt)};")
+            both = self.combine(r.op, f"{red}[lid]", f"{red}[lid + s]", dt)
+            self.line(f"if (lid < s) {red}[lid] = {both};")
             self.line(d.barrier)
             self.close()
         self.line(d.barrier)
@@ -587,7 +609,7 @@ class _Emitter:
         n = k.numel // w
         self.groups = -(-n // t)
         self.ids()
-        self.line("const int e = gid * %d + lid;" % t)
+        self.line(f"const int e = gid * {t} + lid;")
         self.open(f"if (e < {n})")
         self.unravel(f"e * {w}" if w > 1 else "e", list(range(len(k.shape))))
         if w == 1:

@@ -1,0 +1,134 @@
+"""Hand-built primitive graphs that exercise every GPU lowering path (shared by the OpenCL,
+CUDA and Metal tests): each case is (name, graph, inputs)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from eclat.ir import graph as g
+from eclat.ir.dtypes import DType
+from eclat.ir.graph import Graph, Node
+
+RNG = np.random.default_rng(0)
+
+
+def _rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def matmul(a: Node, b: Node) -> Node:
+    """[..., M, K] @ [..., K, N] from primitives (expand, mul, sum)."""
+    *batch, m, k = a.shape
+    n = b.shape[-1]
+    full = (*batch, m, k, n)
+    a3 = g.movement(a, lambda v: v.reshape((*batch, m, k, 1)).expand(full))
+    b3 = g.movement(b, lambda v: v.reshape((*batch, 1, k, n)).expand(full))
+    return g.reduce("sum", g.binary("mul", a3, b3), -2)
+
+
+def softmax(x: Node) -> Node:
+    rows = x.shape[:-1]
+    mx = g.expand_to(g.movement(g.reduce("max_reduce", x, -1), lambda v: v.reshape((*rows, 1))), x.shape)
+    e = g.unary("exp2", g.binary("mul", g.binary("add", x, g.unary("neg", mx)),
+                                 g.expand_to(g.const(1.4426950408889634), x.shape)))
+    s = g.expand_to(g.movement(g.reduce("sum", e, -1), lambda v: v.reshape((*rows, 1))), x.shape)
+    return g.binary("mul", e, g.unary("recip", s))
+
+
+def layer_norm(x: Node) -> Node:
+    n = x.shape[-1]
+    rows = x.shape[:-1]
+
+    def mean(y: Node) -> Node:
+        s = g.movement(g.reduce("sum", y, -1), lambda v: v.reshape((*rows, 1)))
+        return g.expand_to(g.binary("mul", s, g.expand_to(g.const(1.0 / n), s.shape)), x.shape)
+
+    d = g.binary("add", x, g.unary("neg", mean(x)))
+    var = mean(g.binary("mul", d, d))
+    eps = g.expand_to(g.const(1e-5), x.shape)
+    return g.binary("mul", d, g.unary("recip", g.unary("sqrt", g.binary("add", var, eps))))
+
+
+def elementwise() -> tuple[Graph, list[np.ndarray]]:
+    x = g.input_("x", (8, 64))
+    b = g.weight("b", _rand(64), DType.float32)
+    y = g.binary("add", x, g.expand_to(b, x.shape))
+    z = g.binary("max", g.unary("sin", y), g.unary("exp2", g.unary("neg", y)))
+    w = g.binary("mul", z, g.unary("sqrt", g.binary("mul", y, y)))
+    return Graph([x], [w, g.unary("recip", g.binary("add", w, g.expand_to(g.const(3.0), w.shape)))],
+                 {"b": _rand(64)}), [_rand(8, 64)]
+
+
+def reductions() -> tuple[Graph, list[np.ndarray]]:
+    x = g.input_("x", (6, 300))
+    y = g.input_("y", (3, 50, 5))
+    outs = [g.reduce("sum", x, -1), g.reduce("max_reduce", x, 1), g.reduce("sum", y, 1),
+            g.reduce("max_reduce", y, 2),
+            g.reduce("sum", g.movement(x, lambda v: v.reshape((1800,))), 0),  # to a scalar
+            softmax(x), layer_norm(y)]
+    return Graph([x, y], outs, {}), [_rand(6, 300), _rand(3, 50, 5)]
+
+
+def views() -> tuple[Graph, list[np.ndarray]]:
+    x = g.input_("x", (5, 9))
+    padded = g.movement(x, lambda v: v.pad(((1, 2), (3, 0))))  # masked
+    flipped = g.movement(x, lambda v: v.flip((1,)))  # negative stride
+    stepped = g.movement(x, lambda v: v.slice(1, 1, 9, 3))  # every third column
+    back = g.movement(x, lambda v: v.slice(0, 4, -1, -2))  # negative step
+    t = g.movement(x, lambda v: v.permute((1, 0)))
+    outs = [g.binary("add", padded, padded), g.binary("mul", flipped, flipped), g.contiguous(stepped),
+            g.unary("neg", back), g.reduce("sum", g.unary("exp2", t), 0)]
+    return Graph([x], outs, {}), [_rand(5, 9)]
+
+
+def gather() -> tuple[Graph, list[np.ndarray]]:
+    table = _rand(10, 4)
+    w = g.weight("table", table, DType.float32)
+    idx = g.input_("idx", (2, 3), DType.int32)
+    out = g.gather(w, idx)
+    return Graph([idx], [g.binary("mul", out, out)], {"table": table}), \
+        [np.array([[0, 9, -3], [12, 4, 4]], dtype=np.int32)]
+
+
+def matmuls() -> tuple[Graph, list[np.ndarray]]:
+    a, b = g.input_("a", (37, 29)), g.input_("b", (29, 45))
+    bias = _rand(45)
+    wb = g.weight("bias", bias, DType.float32)
+    mm = matmul(a, b)
+    zero = g.expand_to(g.const(0.0), mm.shape)
+    relu = g.binary("max", g.binary("add", mm, g.expand_to(wb, mm.shape)), zero)
+    ba, bb = g.input_("ba", (3, 5, 7)), g.input_("bb", (3, 7, 9))
+    v = g.input_("v", (1, 29))
+    return Graph([a, b, ba, bb, v], [relu, matmul(ba, bb), matmul(v, b)], {"bias": bias}), \
+        [_rand(37, 29), _rand(29, 45), _rand(3, 5, 7), _rand(3, 7, 9), _rand(1, 29)]
+
+
+def integers() -> tuple[Graph, list[np.ndarray]]:
+    a, b = g.input_("a", (4, 40), DType.int32), g.input_("b", (4, 40), DType.int32)
+    f = g.input_("f", (4, 40))
+    q = g.binary("mod", a, b)  # C remainder, 0 where b == 0
+    less = g.binary("lt", a, b)
+    pick = g.where(less, a, b)
+    wide = g.binary("mul", g.cast(a, DType.int64), g.cast(b, DType.int64))
+    truncated = g.cast(f, DType.int32)
+    bf = g.cast(g.cast(f, DType.bfloat16), DType.float32)
+    fmod = g.binary("mod", f, g.expand_to(g.const(0.75), f.shape))
+    return Graph([a, b, f], [q, less, pick, wide, g.reduce("max_reduce", a, 1), g.reduce("sum", wide, 1),
+                             truncated, bf, fmod, g.cast(f, DType.bool)], {}), [
+        RNG.integers(-50, 50, (4, 40)).astype(np.int32), RNG.integers(-3, 4, (4, 40)).astype(np.int32),
+        (RNG.standard_normal((4, 40)) * 10).astype(np.float32)]
+
+
+CASES = {"elementwise": elementwise, "reductions": reductions, "views": views, "gather": gather,
+         "matmuls": matmuls, "integers": integers}
+
+
+def compare(outs: list[np.ndarray], ref: list[np.ndarray], rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    assert len(outs) == len(ref)
+    for j, (o, r) in enumerate(zip(outs, ref)):
+        r = np.asarray(r)
+        assert o.shape == r.shape and o.dtype == r.dtype, (j, o.shape, r.shape, o.dtype, r.dtype)
+        if r.dtype.kind in "biu":
+            np.testing.assert_array_equal(o, r, err_msg=f"output {j}")
+        else:
+            np.testing.assert_allclose(o, r, rtol=rtol, atol=atol, err_msg=f"output {j}")
