@@ -117,6 +117,36 @@ def test_buffers_lifted_constants_and_dict_outputs() -> None:
         np.testing.assert_allclose(got[k], ref[k].numpy(), rtol=RTOL, atol=ATOL)
 
 
+class Scatters(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y[:, 1:3] = 0.5
+        y[0] = x[1]
+        y[:, ::2] += 1
+        return y
+
+
+def test_in_place_updates_of_intermediates() -> None:
+    x = torch.randn(3, 5)
+    graph = lower(Scatters(), (x,))
+    np.testing.assert_allclose(run(graph, [x.numpy()])[0], Scatters()(x).numpy(), rtol=RTOL, atol=ATOL)
+
+
+class Counter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count.add_(1)
+        return x + self.count
+
+
+def test_state_mutation_is_refused_clearly() -> None:
+    with pytest.raises(UnsupportedOpError, match="buffer mutation of 'count'"):
+        lower(Counter(), (torch.randn(2),))
+
+
 class UsesTopk(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * 2

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import sympy
 import torch
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 
 from eclat.errors import ExportError, UnsupportedOpError
 from eclat.ir import graph as g
@@ -140,7 +140,8 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
                 _check(node, env[node], ctx)
         elif node.op == "output":
             outputs = [convert_output(ctx, env[o] if isinstance(o, torch.fx.Node) else o)
-                       for o in node.args[0]]
+                       for o, spec in zip(node.args[0], ep.graph_signature.output_specs)
+                       if _user_output(spec)]
     return Graph(inputs, outputs, weights, ep.call_spec.out_spec)
 
 
@@ -167,6 +168,14 @@ def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list
         tied[key] = g.weight(spec.target, array, dtype)
         return tied[key]
     raise UnsupportedOpError(f"graph input of kind {spec.kind.name}", detail=node.name)
+
+
+def _user_output(spec) -> bool:
+    if spec.kind != OutputKind.USER_OUTPUT:
+        what = spec.kind.name.lower().replace("_", " ") + (f" of {spec.target!r}" if spec.target else "")
+        raise UnsupportedOpError("state mutation", detail=f"the model's forward performs a {what}; eclat "
+                                 "compiles pure inference (keep state such as caches outside the model)")
+    return True
 
 
 def _dtype_or_raise(dtype: torch.dtype, what: str) -> DType:

@@ -566,6 +566,45 @@ def _upsample_nearest(ctx: Ctx, x: Node, output_size: Sequence[int] | None = Non
     return out
 
 
+def _place(x: Node, axis: int, start: int, step: int, n: int) -> Node:
+    """A view of length n along axis holding x's elements at start, start + step, ...
+    and zeros elsewhere (the inverse of a strided slice)."""
+    length = as_int(x.shape[axis])
+    if length is None:
+        raise NotImplementedError("scatter into a symbolic size")
+    if step > 1:  # interleave step - 1 zeros after every element
+        split = (*x.shape[:axis], length, 1, *x.shape[axis + 1:])
+        pads = [(0, 0)] * len(split)
+        pads[axis + 1] = (0, step - 1)
+        spread = g.movement(P.reshape(x, split), lambda v: v.pad(pads))
+        x = P.reshape(spread, (*x.shape[:axis], length * step, *x.shape[axis + 1:]))
+        length = min(length * step, n - start)
+        x = g.movement(x, lambda v: v.slice(axis, 0, length))
+    pads = [(0, 0)] * len(x.shape)
+    pads[axis] = (start, n - start - length)
+    return g.movement(x, lambda v: v.pad(pads))
+
+
+def _slice_scatter(ctx: Ctx, x: Node, src: Node, dim: int = 0, start: int | None = None,
+                   end: int | None = None, step: int = 1) -> Node:
+    """x with x[start:end:step] (along dim) replaced by src."""
+    axis = _axis(dim, len(x.shape))
+    n = as_int(x.shape[axis])
+    if n is None:
+        raise NotImplementedError("slice_scatter on a symbolic size")
+    start = slice(start, end, step).indices(n)[0]
+    inside = g.expand_to(g.const(True, DType.bool), src.shape)
+    placed = _place(g.cast(src, x.dtype), axis, start, step, n)
+    return P.where(_place(inside, axis, start, step, n), placed, x)
+
+
+def _select_scatter(ctx: Ctx, x: Node, src: Node, dim: int, index: int) -> Node:
+    axis = _axis(dim, len(x.shape))
+    index = index + as_int(x.shape[axis]) if index < 0 else index
+    src = P.reshape(src, (*src.shape[:axis], 1, *src.shape[axis:]))
+    return _slice_scatter(ctx, x, src, axis, index, index + 1)
+
+
 def _split_sizes(ctx: Ctx, x: Node, sizes: Sequence[sint], dim: int = 0) -> tuple[Node, ...]:
     axis = _axis(dim, len(x.shape))
     out, start = [], 0
@@ -851,6 +890,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.flip.default: _flip,
     aten.repeat.default: _repeat,
     aten.constant_pad_nd.default: _constant_pad,
+    aten.slice_scatter.default: _slice_scatter, aten.select_scatter.default: _select_scatter,
+    aten.copy.default: lambda ctx, x, src, non_blocking=False: _out(ctx, src),
     aten.upsample_nearest2d.vec: _upsample_nearest,
     aten.upsample_nearest2d.default: lambda ctx, x, size, sh=None, sw=None: _upsample_nearest(
         ctx, x, size, [sh, sw] if sh and sw else None),
