@@ -173,19 +173,18 @@ def _measure_artifact(path: str) -> float:
 def cmd_inspect(args: argparse.Namespace) -> None:
     data = inspect_data(args.artifact)
     data["measured_us"] = round(_measure_artifact(args.artifact), 3)
+    _fill_estimates(data)
     if args.json:
         print(json.dumps(data, indent=1, default=str))
     else:
         print(_inspect_text(data))
-    if args.html or args.plot:
-        dev = _roofs(data)
-        if args.html:
-            with open(args.html, "w") as f:
-                f.write(roofline_html(data, dev))
-            print(f"wrote {args.html}")
-        if args.plot:
-            roofline_png(data, dev, args.plot)
-            print(f"wrote {args.plot}")
+    if args.html:
+        with open(args.html, "w") as f:
+            f.write(roofline_html(data))
+        print(f"wrote {args.html}")
+    if args.plot:
+        roofline_png(data, args.plot)
+        print(f"wrote {args.plot}")
 
 
 def _inspect_text(d: dict[str, Any]) -> str:
@@ -227,18 +226,26 @@ def _num(x: Any) -> str:
     return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
-def _roofs(data: dict[str, Any]) -> dict[str, Any]:
-    """Peak GFLOP/s and GB/s for the chart: from the report, else the (cached) device model."""
-    dev = dict(data["device"])
-    if not dev.get("peak_gflops"):
-        try:
-            from eclat.autotune import get_device
+def _fill_estimates(data: dict[str, Any]) -> None:
+    """Device peaks and per-kernel roofline estimates where the report has none (a compile
+    with --autotune none measures no device): from the device model, measured once and cached."""
+    dev = data["device"]
+    if dev.get("peak_gflops") and all(k.get("estimated_us") is not None for k in data["kernels"]):
+        return
+    try:
+        from eclat.autotune import estimate_us, get_device
 
-            d = get_device(data["target"])
-            dev.update(name=d.name, peak_gflops=d.gflops("float32"), peak_gbps=d.peak_gbps)
-        except Exception as e:  # no device model here: the chart shows points without roofs
-            print(f"eclat: no device peaks for the roofs ({type(e).__name__}: {e})", file=sys.stderr)
-    return dev
+        device = get_device(data["target"])
+    except Exception as e:  # no device model here: the table and chart go without estimates
+        print(f"eclat: no device model for {data['target']} ({type(e).__name__}: {e})", file=sys.stderr)
+        return
+    if not dev.get("peak_gflops"):
+        dev.update(name=device.name, fingerprint=device.fingerprint, peak_gflops=device.gflops("float32"),
+                   peak_gbps=device.peak_gbps)
+    for k in data["kernels"]:
+        if k.get("estimated_us") is None:
+            k["estimated_us"] = round(estimate_us(k["flops"], k["bytes"], device), 3)
+    data["estimated_us"] = round(sum(k["estimated_us"] for k in data["kernels"]), 3)
 
 
 def roofline_points(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -261,9 +268,10 @@ def _decades(values: list[float]) -> tuple[float, float]:
     return lo, max(hi, lo * 100)
 
 
-def roofline_html(data: dict[str, Any], dev: dict[str, Any]) -> str:
+def roofline_html(data: dict[str, Any]) -> str:
     """A self-contained HTML page with an inline SVG roofline chart (log-log) and the kernel table."""
     w, h, pad = 640, 420, 60
+    dev = data["device"]
     points = roofline_points(data)
     peak, bw = dev.get("peak_gflops"), dev.get("peak_gbps")
     xs = [p["intensity"] for p in points] + ([peak / bw] if peak and bw else [])
@@ -317,7 +325,7 @@ def roofline_html(data: dict[str, Any], dev: dict[str, Any]) -> str:
             f"<th>estimated us</th><th>measured us</th></tr>{rows}</table></body></html>\n")
 
 
-def roofline_png(data: dict[str, Any], dev: dict[str, Any], path: str) -> None:
+def roofline_png(data: dict[str, Any], path: str) -> None:
     try:
         import matplotlib
 
@@ -327,6 +335,7 @@ def roofline_png(data: dict[str, Any], dev: dict[str, Any], path: str) -> None:
         raise Failure("--plot needs matplotlib, which is not installed; --html writes the chart "
                       "without it") from None
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    dev = data["device"]
     points = roofline_points(data)
     peak, bw = dev.get("peak_gflops"), dev.get("peak_gbps")
     if peak and bw:
