@@ -352,27 +352,27 @@ def _empty_module() -> Any:
     return mod
 
 
+class _Source:
+    """Stored LLVM IR in place of an llvmlite.ir.Module, so that the CPU backend's own JIT
+    (one optimisation pipeline) compiles it: Jitted sets triple and data layout, then reads str()."""
+
+    def __init__(self, text: str):
+        self.text, self.triple, self.data_layout = text, "", ""
+
+    def __str__(self) -> str:
+        header = [f'target triple = "{self.triple}"', f'target datalayout = "{self.data_layout}"']
+        body = [ln for ln in self.text.splitlines() if not ln.startswith(("target triple", "target data"))]
+        return "\n".join(header + body)
+
+
 def _compile_source(source: str, where: str) -> Any:
-    """The stored kernel source optimised for this host (what the CPU backend's JIT does)."""
-    import llvmlite.binding as llvm
+    """The stored kernel source optimised and compiled for this host."""
+    from ..backends.cpu.jit import Jitted
 
-    from ..backends.cpu.jit import target_machine
-
-    tm = target_machine()
     try:
-        mod = llvm.parse_assembly(source)
-        mod.triple = llvm.get_process_triple()
-        mod.data_layout = str(tm.target_data)
-        mod.verify()
+        return Jitted(_Source(source)).engine
     except RuntimeError as e:
         raise ArtifactError(f"{where}: the stored kernel source does not compile here: {e}") from None
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = pto.slp_vectorization = pto.loop_unrolling = True
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    engine = llvm.create_mcjit_compiler(mod, tm)
-    engine.finalize_object()
-    return engine
 
 
 # target kind -> (pack: executable -> (native manifest part, files), load)
