@@ -303,22 +303,18 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     if transposed:
         raise NotImplementedError("transposed convolution")
     nd = len(x.shape) - 2
-    n, c = x.shape[:2]
+    n = x.shape[0]
     o, cg, *ks = w.shape
-    og = as_int(o) // groups
-    xp = _padded_contiguous(x, [(p, p) for p in padding], 0.0)
-    outs = ctx.out_shape[2:]
-    cs = View.contiguous(xp.shape).strides
-    sstrides = cs[2:]
-    # [N, G, Og, O_1..O_nd, Cg, K_1..K_nd]
+    og, outs = as_int(o) // groups, ctx.out_shape[2:]
+    spatial, kernel = list(range(3, 3 + nd)), list(range(3 + nd, 3 + 2 * nd))
+    # windows [N, C, O.., K..] -> [N, G, 1, O.., Cg, K..], broadcast over each group's Og filters
+    win = _windows(x, ks, stride, padding, dilation, outs, 0.0)
+    win = P.permute(P.reshape(win, (n, groups, cg, *outs, *ks)), [0, 1, *spatial, 2, *kernel])
     shape = (n, groups, og, *outs, cg, *ks)
-    strides = (cs[0], cg * cs[1], 0, *(s * st for s, st in zip(stride, sstrides)), cs[1],
-               *(d * st for d, st in zip(dilation, sstrides)))
-    win = g.view(xp, View.make(shape, strides))
-    wv = P.reshape(w, (1, groups, og, *(1,) * nd, cg, *ks))
-    prodn = g.binary("mul", win, g.expand_to(wv, shape))
-    out = prodn
-    for _ in range(nd + 1):
+    win = g.expand_to(P.reshape(win, (n, groups, 1, *outs, cg, *ks)), shape)
+    wv = g.expand_to(P.reshape(w, (1, groups, og, *(1,) * nd, cg, *ks)), shape)
+    out = g.binary("mul", win, wv)
+    for _ in range(nd + 1):  # sum over kernel positions, then input channels
         out = g.reduce("sum", out, len(out.shape) - 1)
     out = P.reshape(out, (n, o, *outs))
     if bias is not None:
