@@ -274,3 +274,10 @@ def test_node_limit_stops_saturation():
     assert res.stats["enodes"] < 1021  # the unbounded run of this block holds 1021
     for cand in res.candidates:
         assert_same(graph, cand)
+
+
+def test_time_limit_still_gives_a_candidate():
+    graph = llama(layers=1)
+    res = optimize(graph, k=3, time_limit=0.0)
+    assert res.stats["stopped"] == "time limit" and len(res.candidates) == 1
+    assert_same(graph, res.candidates[0])
