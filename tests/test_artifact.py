@@ -180,3 +180,29 @@ def test_missing_file_and_unsaveable_targets(tmp_path, saved):
     with pytest.raises(ArtifactError, match="not supported yet"):
         save_artifact(model, str(tmp_path / "x.eclat"))
     assert not (tmp_path / "x.eclat").exists()
+
+
+def _opencl_device() -> bool:
+    try:
+        from eclat.backends.opencl.runtime import context
+
+        context()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _opencl_device(), reason="no OpenCL device (apt-get install pocl-opencl-icd)")
+def test_opencl_round_trip(saved, tmp_path):
+    torch.manual_seed(0)
+    model, x = TwoOut().eval(), saved["x"]
+    compiled = eclat.compile(model, (x,), target="opencl", autotune="none", k=1, quiet=True)
+    path = str(tmp_path / "model_cl.eclat")
+    compiled.save(path)
+    with zipfile.ZipFile(path) as z:
+        assert "kernels.cl" in z.namelist() and "kernels.o" not in z.namelist()
+    loaded = eclat.load(path)
+    assert loaded.report()["target"] == "opencl"
+    outs = loaded(x.numpy())
+    for got, want in zip(outs, saved["want"]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

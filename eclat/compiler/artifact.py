@@ -4,12 +4,13 @@
                          program (buffers, kernels as expression DAGs, schedules), the memory
                          plan, input/output names, shapes and dtypes, output structure, report
     weights.safetensors  every weight buffer (packed panels included), flat
-    kernels.ll           the backend's kernel source (LLVM IR for the CPU)
+    kernels.ll / .cl     the backend's kernel source (LLVM IR for the CPU, OpenCL C)
     kernels.o            compiled object code where the backend has it (CPU: the host's)
 
 Loading reads the object code straight into an MCJIT engine, so nothing is optimised
 again; when the object was built for another CPU (missing features, other triple) or
-cannot be loaded, the stored IR is compiled instead. Loading imports neither torch nor
+cannot be loaded, the stored IR is compiled instead. OpenCL artifacts hold the source and
+the GPU schedules; the driver builds them at load. Loading imports neither torch nor
 egglog. Expression DAGs are stored as a node table: children before parents, a node's
 children referenced by their index, so shared subtrees are stored once.
 """
@@ -36,6 +37,7 @@ from .model import CompiledModel, InputSpec
 FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
 MANIFEST, WEIGHTS, SOURCE, OBJECT = "manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"
+SOURCE_CL = "kernels.cl"
 
 
 class ArtifactError(EclatError):
@@ -142,13 +144,13 @@ def save_artifact(model: CompiledModel, path: str | os.PathLike) -> None:
     from safetensors.numpy import save as st_save
 
     files[WEIGHTS] = st_save(weights) if weights else b""
-    plan: MemoryPlan = exe.plan
+    plan: MemoryPlan | None = getattr(exe, "plan", None)  # GPU executables keep their own buffers
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "eclat_version": eclat_version(),
         "created": time.time(), "target": target, "device": native["device"],
         "program": encode_program(program),
-        "memory_plan": {"offsets": plan.offsets, "arena_bytes": plan.arena_bytes,
-                        "naive_bytes": plan.naive_bytes},
+        "memory_plan": plan and {"offsets": plan.offsets, "arena_bytes": plan.arena_bytes,
+                                 "naive_bytes": plan.naive_bytes},
         "native": native,
         "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in model.inputs],
         "out_spec": _out_spec_text(model.out_spec),
@@ -159,7 +161,8 @@ def save_artifact(model: CompiledModel, path: str | os.PathLike) -> None:
     with zipfile.ZipFile(tmp, "w") as z:
         z.writestr(MANIFEST, json.dumps(manifest, indent=1), zipfile.ZIP_DEFLATED)
         for name, data in files.items():
-            z.writestr(name, data, zipfile.ZIP_DEFLATED if name == SOURCE else zipfile.ZIP_STORED)
+            text = name in (SOURCE, SOURCE_CL)  # sources compress well; binaries are read in place
+            z.writestr(name, data, zipfile.ZIP_DEFLATED if text else zipfile.ZIP_STORED)
     os.replace(tmp, path)
 
 
@@ -236,7 +239,7 @@ def load_artifact(path: str | os.PathLike) -> CompiledModel:
         if missing:
             raise ArtifactError(f"{os.fspath(path)} lacks the data of weights {missing[:3]}")
         mp = manifest["memory_plan"]
-        plan = MemoryPlan(dict(mp["offsets"]), mp["arena_bytes"], mp["naive_bytes"])
+        plan = mp and MemoryPlan(dict(mp["offsets"]), mp["arena_bytes"], mp["naive_bytes"])
         specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]]) for s in manifest["inputs"]]
     except ArtifactError:
         raise
@@ -375,8 +378,33 @@ def _compile_source(source: str, where: str) -> Any:
         raise ArtifactError(f"{where}: the stored kernel source does not compile here: {e}") from None
 
 
+# --- OpenCL: the rendered source and the GPU schedules; the driver builds it at load -------------------
+
+def _pack_opencl(exe: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+    schedules = {k.name: dataclasses.asdict(k.schedule) for k in exe.rendered.kernels}
+    device = exe.queue.device
+    native = {"device": {"kind": "opencl", "name": device.name.strip(),
+                         "platform": device.platform.name.strip()}, "schedules": schedules}
+    return native, {SOURCE_CL: exe.rendered.source.encode()}
+
+
+def _load_opencl(program: Program, plan: MemoryPlan | None, manifest: dict[str, Any], files: dict[str, bytes],
+                 where: str) -> Any:
+    from ..backends.gpu_c import GpuSchedule
+    from ..backends.opencl.runtime import OpenCLExecutable
+
+    schedules = {name: GpuSchedule(**{f: tuple(v) if isinstance(v, list) else v for f, v in d.items()})
+                 for name, d in manifest["native"]["schedules"].items()}
+    exe = OpenCLExecutable(program, schedules)  # renders the same kernels again; the driver compiles them
+    if exe.rendered.source.encode() != files.get(SOURCE_CL):
+        raise ArtifactError(f"{where}: this eclat renders the stored kernels differently from the eclat "
+                            f"that wrote it ({manifest.get('eclat_version')}); recompile the model")
+    exe.loaded_from = "source"
+    return exe
+
+
 # target kind -> (pack: executable -> (native manifest part, files), load)
-CODECS = {"cpu": (_pack_cpu, _load_cpu)}
+CODECS = {"cpu": (_pack_cpu, _load_cpu), "opencl": (_pack_opencl, _load_opencl)}
 
 
 def artifact_bytes(path: str | os.PathLike) -> dict[str, int]:
