@@ -2,9 +2,13 @@
 
     optimize(graph, target="cpu", k=8) -> Optimized(candidates=[Graph, ...], stats={...})
 
-Every candidate computes the same values as `graph` (same inputs, same out_spec; it may
-add weights laid out at compile time); candidates[0] is the cheapest by the DAG cost.
-Composite ops the candidates may contain are documented in `eclat.rewrites.composites`.
+Every candidate computes the same values as `graph` (same input nodes, same out_spec; it
+may add weights laid out at compile time, named "<weight>.laid<n>"); candidates[0] is the
+cheapest by the DAG cost. Candidates differ in algebraic form, recognised composites
+(`eclat.rewrites.composites`: matmul, fma, rsqrt), weight layout and where `contiguous`
+materialises a value (a kernel boundary). stats: enodes, eclasses, iterations, seconds,
+rules ({rule set: {rule: matches}}), extracted, stopped (why saturation ended), costs, and
+for graphs with repeated blocks: segments, blocks (e-graphs actually built).
 """
 
 from __future__ import annotations
