@@ -63,8 +63,11 @@ def load_factory(spec: str) -> tuple[Any, tuple]:
         raise Failure(f"{spec}: the factory must return (model, example_inputs), "
                       f"it returned {type(made).__name__}")
     model, inputs = made
-    return model, inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (
-        inputs,)
+    if isinstance(inputs, list):
+        inputs = tuple(inputs)
+    elif not isinstance(inputs, tuple):
+        inputs = (inputs,)
+    return model, inputs
 
 
 def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
@@ -385,7 +388,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
             except Exception as e:  # torch.compile failing is a row of the table, not a failure
                 rows["torch.compile"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
     base = rows["eclat"]
-    print(f"{args.model} on {args.target}, {args.threads or 1} thread(s), median of repeats")
+    print(f"{args.model} on {args.target}, {args.threads or 1} thread(s), median of repeats "
+          f"(vs eclat: time / eclat's time, above 1 means eclat is faster)")
     print(f"{'runner':<15} {'median ms':>10} {'vs eclat':>9}")
     for name, v in rows.items():
         if isinstance(v, str):
