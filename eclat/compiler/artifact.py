@@ -261,8 +261,12 @@ def _cpu_host() -> dict[str, Any]:
     from ..backends.cpu.jit import target_machine
 
     target_machine()  # initialises LLVM's native target
-    return {"kind": "cpu", "triple": llvm.get_process_triple(), "cpu": llvm.get_host_cpu_name(),
+    host = {"kind": "cpu", "triple": llvm.get_process_triple(), "cpu": llvm.get_host_cpu_name(),
             "features": llvm.get_host_cpu_features().flatten()}
+    # what decides whether the object code runs here (the autotuner's device fingerprint, which
+    # also covers threads and measured peaks, is in report.device)
+    host["fingerprint"] = hashlib.sha256(json.dumps(host, sort_keys=True).encode()).hexdigest()[:16]
+    return host
 
 
 def _pack_cpu(exe: Any) -> tuple[dict[str, Any], dict[str, bytes]]:

@@ -198,13 +198,10 @@ class _Grouping:
     def _kernel(self, n: Node, out: str, copy: bool = False) -> None:
         idxs = tuple(axis_vars(tuple(n.shape)))
         kid = len(self.kernels)
-        self._kid = kid
+        self._kid, self._ops = kid, set()
         body = self._load(n, idxs, Num(1)) if copy else self._compute(n, idxs, Num(1))
-        ops = sorted({x.op for x in self.nodes if id(x) in self._seen_nodes(kid)})
-        self.kernels.append(Kernel(f"k{kid}_{n.op}", out, tuple(int(d) for d in n.shape), body, ops=ops))
-
-    def _seen_nodes(self, kid: int) -> set[int]:
-        return {nid for nid, occ in self.occurrences.items() if any(k == kid for k, _ in occ)}
+        self.kernels.append(Kernel(f"k{kid}_{n.op}", out, tuple(int(d) for d in n.shape), body,
+                                   ops=sorted(self._ops)))
 
     # --- values ------------------------------------------------------------------------
     def value(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
@@ -224,6 +221,7 @@ class _Grouping:
             out = self._memo[key]
         else:
             out = self._memo[key] = self._build(n, idxs, guard)
+        self._ops.add(n.op)
         if n.kind in _COMPUTE_KINDS:
             self.origin.setdefault(out, n)
             self.occurrences.setdefault(id(n), set()).add((self._kid, out))

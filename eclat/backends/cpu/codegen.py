@@ -366,6 +366,8 @@ class _KernelEmitter:
         if e.op == "recip":
             return b.fdiv(ir.Constant(args[0].type, 1.0), args[0])
         if e.op == "fma":
+            if not e.dtype.is_float:
+                return binary(b, "add", [binary(b, "mul", args[:2], e.dtype), args[2]], e.dtype)
             return b.call(_intrinsic(self.mod, "llvm.fmuladd", args[0].type, 3), args)
         return binary(b, e.op, args, dt)
 

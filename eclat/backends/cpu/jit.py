@@ -51,7 +51,7 @@ class Jitted:
         pto = llvm.create_pipeline_tuning_options(speed_level=3)
         pto.loop_vectorization = True
         pto.slp_vectorization = True
-        pto.loop_unrolling = True
+        pto.loop_unrolling = False  # full unrolling of small constant loops explodes compile time
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
         self.engine = llvm.create_mcjit_compiler(mod, tm)
