@@ -77,11 +77,18 @@ def test_symbolic_sequence_length_hf_llama() -> None:
         _compare(model, graph, (torch.randint(0, 128, (1, s)),))
 
 
+def test_symbolic_batch_cnn() -> None:
+    model, (x,) = ZOO["cnn"]()
+    graph = lower(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=16)},))
+    for b in (1, 5):
+        _compare(model, graph, (torch.randn(b, *x.shape[1:]),))
+
+
 class SizeArithmetic(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         n = x.shape[0]
         y = x.reshape(n // 2, 2 * x.shape[1]) * (n % 3 + n - 1)
-        return y, x.sum(0) * n, 3
+        return y, x.sum(0) * n + x.mean(0), 3
 
 
 def test_size_arithmetic_and_non_tensor_outputs() -> None:
