@@ -498,6 +498,8 @@ class _Emitter:
             return f"({a[0]} ? {a[1]} : {a[2]})"
         if op == "lt":
             return f"({a[0]} < {a[1]})"
+        if op == "fma" and not dt.is_float:
+            return f"({a[0]} * {a[1]} + {a[2]})"
         if op in ("exp2", "log2", "sin", "sqrt", "rsqrt", "fma"):
             return f"{m[op]}({', '.join(a)})"
         if op == "recip":
