@@ -285,9 +285,9 @@ class _Grouping:
             return
         seen.add((x, loops))
         n = self.origin.get(x)
+        fv = free_vars(x, fv_memo)
+        deepest = max((p for p, v in enumerate(loops) if v in fv), default=-1)
         if n is not None and id(n) not in self.buf_of:
-            fv = free_vars(x, fv_memo)
-            deepest = max((p for p, v in enumerate(loops) if v in fv), default=-1)
             factor = math.prod(sizes[v] for v in loops[:deepest] if v not in fv)
             costly = isinstance(x, Reduce) or _cost(x) >= SHARE_COST
             if (factor > 1 and (in_reduce or costly)) or (id(n) in shared and costly):
@@ -295,7 +295,8 @@ class _Grouping:
                 return
         if isinstance(x, Reduce):
             sizes[x.var.name] = x.size
-            self._offenders(x.body, loops + (x.var.name,), True, sizes, shared, out, seen, fv_memo)
+            hoisted = loops[:deepest + 1]  # a reduce runs where its last variable is bound
+            self._offenders(x.body, hoisted + (x.var.name,), True, sizes, shared, out, seen, fv_memo)
         else:
             for c in children(x):
                 self._offenders(c, loops, in_reduce, sizes, shared, out, seen, fv_memo)

@@ -14,7 +14,7 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu_c import CUDA, GpuSchedule, RenderedProgram, render_program
+from ..gpu_c import CUDA, GpuSchedule, RenderedProgram, render_program, tune_schedules
 from .nvcc import compile_ptx
 
 _STATE: dict[str, Any] = {}
@@ -69,13 +69,13 @@ class CudaExecutable:
             if b.role == "weight" and b.nbytes:
                 cuda.memcpy_htod(self._own[name], np.ascontiguousarray(b.data, dtype=b.dtype.np))
         self._ptr = ptr
-        self._launches = []
+        self._launches: dict[str, tuple] = {}
         for rk in self.rendered.kernels:
             if rk.groups == 0:
                 continue
             fn = module.get_function(rk.name)
             fn.prepare("P" * len(rk.args))
-            self._launches.append((fn, (rk.groups, 1), (rk.threads, 1, 1), [ptr[a] for a in rk.args]))
+            self._launches[rk.name] = (fn, (rk.groups, 1), (rk.threads, 1, 1), [ptr[a] for a in rk.args])
         self._cuda = cuda
         self._ready = True
 
@@ -83,7 +83,7 @@ class CudaExecutable:
         """Enqueue every kernel on the default stream (inputs already on the device)."""
         if not self._ready:
             self._setup()
-        for fn, grid, block, args in self._launches:
+        for fn, grid, block, args in self._launches.values():
             fn.prepared_call(grid, block, *args)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -119,3 +119,27 @@ class CudaExecutable:
             end.synchronize()
             times.append(start.time_till(end) / 1e3)
         return float(np.median(times))
+
+    def time_kernel(self, name: str, repeats: int = 20) -> float:
+        """Median seconds of one launch of kernel `name`, by CUDA events."""
+        if not self._ready:
+            self._setup()
+        if name not in self._launches:
+            return 0.0
+        cuda = self._cuda
+        fn, grid, block, args = self._launches[name]
+        times = []
+        for _ in range(repeats + 1):
+            start, end = cuda.Event(), cuda.Event()
+            start.record()
+            fn.prepared_call(grid, block, *args)
+            end.record()
+            end.synchronize()
+            times.append(start.time_till(end) / 1e3)
+        return float(np.median(times[1:]))
+
+    def tune(self, inputs: list[np.ndarray], mode: str = "fast", db: Any = None, device: str = "") -> None:
+        """Re-render with the fastest verified schedule of every kernel (see gpu_c.tune_schedules)."""
+        schedules = tune_schedules(self.program, inputs, CudaExecutable, backend="cuda", mode=mode, db=db,
+                                   device=device)
+        self.__init__(self.program, schedules)

@@ -9,6 +9,8 @@ outputs back. Built programs are cached by source hash (PoCL compiles are slow).
 from __future__ import annotations
 
 import hashlib
+import statistics
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -16,7 +18,7 @@ import numpy as np
 
 from ...compiler.kernel import Program
 from ...errors import EclatError
-from ..gpu_c import OPENCL, GpuSchedule, RenderedProgram, render_program
+from ..gpu_c import OPENCL, GpuSchedule, RenderedProgram, render_program, tune_schedules
 
 _BUILT: dict[tuple[int, str], Any] = {}
 
@@ -78,13 +80,13 @@ class OpenCLExecutable:
                     self.buffers[name] = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host)
                     continue
             self.buffers[name] = cl.Buffer(self.ctx, mf.READ_WRITE, max(b.nbytes, 4))
-        self.launches: list[tuple[Any, int, int]] = []
+        self.launches: dict[str, tuple[Any, int, int]] = {}
         for rk in self.rendered.kernels:
             if rk.groups == 0:
                 continue
             kern = cl.Kernel(prog, rk.name)
             kern.set_args(*(self.buffers[a] for a in rk.args))
-            self.launches.append((kern, rk.groups * rk.threads, rk.threads))
+            self.launches[rk.name] = (kern, rk.groups * rk.threads, rk.threads)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         cl = _cl()
@@ -96,7 +98,7 @@ class OpenCLExecutable:
             if host.size:
                 keep.append(host)
                 cl.enqueue_copy(q, self.buffers[name], host, is_blocking=False)
-        for kern, global_size, local in self.launches:
+        for kern, global_size, local in self.launches.values():
             cl.enqueue_nd_range_kernel(q, kern, (global_size,), (local,))
         outs = []
         for name, shape in zip(p.outputs, p.output_shapes):
@@ -107,3 +109,23 @@ class OpenCLExecutable:
             outs.append(out.reshape(shape))
         q.finish()
         return outs
+
+    def time_kernel(self, name: str, repeats: int = 10) -> float:
+        """Median seconds of one launch of kernel `name` on the buffers as they are."""
+        cl = _cl()
+        if name not in self.launches:
+            return 0.0  # an empty kernel is never launched
+        kern, global_size, local = self.launches[name]
+        times = []
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            cl.enqueue_nd_range_kernel(self.queue, kern, (global_size,), (local,))
+            self.queue.finish()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[1:])
+
+    def tune(self, inputs: list[np.ndarray], mode: str = "fast", db: Any = None, device: str = "") -> None:
+        """Rebuild with the fastest verified schedule of every kernel (see gpu_c.tune_schedules)."""
+        schedules = tune_schedules(self.program, inputs, OpenCLExecutable, backend="opencl", mode=mode,
+                                   db=db, device=device)
+        self.__init__(self.program, schedules)

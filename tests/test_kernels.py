@@ -1,0 +1,235 @@
+"""Kernel-level tests: hand-built primitive graphs, grouped and compiled for the CPU,
+against the numpy interpreter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from eclat.backends.cpu import CpuBackend
+from eclat.compiler.group import group
+from eclat.compiler.kernel import as_contraction, default_schedule, flops, schedule_space
+from eclat.compiler.memplan import plan_memory
+from eclat.ir import graph as G
+from eclat.ir.dtypes import DType
+from eclat.ir.interpreter import run
+
+RNG = np.random.default_rng(0)
+
+
+def compiled(graph: G.Graph, inputs: list[np.ndarray], threads: int = 1):
+    program = group(graph)
+    exe = CpuBackend().compile(program, threads)
+    return program, exe.run([np.ascontiguousarray(a) for a in inputs])
+
+
+def check(graph: G.Graph, inputs: list[np.ndarray], rtol: float = 1e-5, atol: float = 1e-6):
+    program, outs = compiled(graph, inputs)
+    for got, want in zip(outs, run(graph, inputs)):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        if want.dtype.kind in "biu":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    return program
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def matmul(a: G.Node, b: G.Node) -> G.Node:
+    (m, k), (_, n) = a.shape, b.shape
+    ae = G.movement(a, lambda v: v.reshape((m, k, 1)).expand((m, k, n)))
+    be = G.movement(b, lambda v: v.reshape((1, k, n)).expand((m, k, n)))
+    return G.reduce("sum", G.binary("mul", ae, be), 1)
+
+
+@pytest.mark.parametrize("op", ["exp2", "log2", "sin", "sqrt", "recip", "neg"])
+def test_unary_float_ops_with_special_values(op):
+    x = G.input_("x", (64,))
+    special = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-40, 3e38, -200.0, 200.0, 0.5],
+                       dtype=np.float32)
+    data = np.concatenate([special, rand(52) * 20]).astype(np.float32)
+    with np.errstate(all="ignore"):
+        want = run(G.Graph([x], [G.unary(op, x)], {}), [data])[0]
+    _, (got,) = compiled(G.Graph([x], [G.unary(op, x)], {}), [data])
+    finite = np.isfinite(want) & (np.abs(data) < 1e4)  # sin of huge arguments is not range-reduced exactly
+    np.testing.assert_allclose(got[finite], want[finite], rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(np.isnan(got[:12]), np.isnan(want[:12]))
+    np.testing.assert_array_equal(got[:12][np.isinf(want[:12])], want[:12][np.isinf(want[:12])])
+
+
+@pytest.mark.parametrize("dtype", [DType.float32, DType.int32, DType.int64])
+def test_binary_ops(dtype):
+    a, b = G.input_("a", (5, 7), dtype), G.input_("b", (5, 7), dtype)
+    outs = [G.binary(op, a, b) for op in ("add", "mul", "mod", "lt", "max")]
+    outs.append(G.where(G.binary("lt", a, b), a, b))
+    if dtype.is_float:
+        x, y = rand(5, 7) * 4, rand(5, 7) * 4
+        x[0, :3] = [np.nan, 1.0, -np.inf]
+        y[0, :3] = [1.0, np.nan, 2.0]
+    else:
+        x = RNG.integers(-9, 9, (5, 7)).astype(dtype.np)
+        y = RNG.integers(-9, 9, (5, 7)).astype(dtype.np)
+        y[0, 0] = 0  # remainder by zero is 0, as the interpreter says
+    check(G.Graph([a, b], outs, {}), [x, y])
+
+
+def test_casts_and_bool():
+    x = G.input_("x", (6,))
+    outs = [G.cast(x, DType.int32), G.cast(x, DType.bool), G.cast(G.cast(x, DType.int64), DType.float32),
+            G.cast(x, DType.bfloat16), G.cast(G.cast(x, DType.bool), DType.float32),
+            G.reduce("sum", G.cast(x, DType.bool), 0), G.cast(x, DType.float16)]
+    check(G.Graph([x], outs, {}), [np.array([1.7, -2.5, 0.0, 3.9, -0.2, 1e3], dtype=np.float32)])
+
+
+@pytest.mark.parametrize("op", ["sum", "max_reduce"])
+@pytest.mark.parametrize("shape,axis", [((4, 6), 1), ((4, 6), 0), ((2, 3, 5), 1), ((3, 0), 1), ((0, 3), 0)])
+def test_reductions_including_empty(op, shape, axis):
+    x = G.input_("x", shape)
+    check(G.Graph([x], [G.reduce(op, x, axis)], {}), [rand(*shape)])
+
+
+def test_integer_and_bool_max_reduce_of_empty_axis():
+    x = G.input_("x", (3, 0), DType.int32)
+    check(G.Graph([x], [G.reduce("max_reduce", x, 1)], {}), [np.zeros((3, 0), np.int32)])
+
+
+def test_reduce_of_reduce_along_other_axes():
+    x = G.input_("x", (5, 6, 7))
+    inner = G.reduce("sum", x, 2)
+    outer = G.reduce("max_reduce", G.unary("exp2", inner), 0)
+    check(G.Graph([x], [outer], {}), [rand(5, 6, 7)])
+
+
+def test_column_sum_read_per_row_is_materialised():
+    x = G.input_("x", (8, 9))
+    col = G.reduce("sum", x, 0)
+    out = G.binary("mul", x, G.expand_to(col, (8, 9)))
+    program = check(G.Graph([x], [out], {}), [rand(8, 9)])
+    assert len(program.kernels) == 2
+
+
+def rows(x: G.Node, cols: int) -> G.Node:
+    """A per-row value [R] broadcast to [R, cols]."""
+    return G.expand_to(G.movement(x, lambda v: v.reshape((x.shape[0], 1))), (x.shape[0], cols))
+
+
+def test_softmax_row_is_one_kernel():
+    x = G.input_("x", (6, 33))
+    m = G.reduce("max_reduce", x, 1)
+    e = G.unary("exp2", G.binary("add", x, G.unary("neg", rows(m, 33))))
+    s = G.reduce("sum", e, 1)
+    out = G.binary("mul", e, rows(G.unary("recip", s), 33))
+    program = check(G.Graph([x], [out], {}), [rand(6, 33) * 3])
+    assert len(program.kernels) == 1
+
+
+def test_views_with_masks_negative_strides_and_steps():
+    x = G.input_("x", (5, 8))
+    flipped = G.movement(x, lambda v: v.flip([1]))
+    padded = G.movement(x, lambda v: v.pad([(1, 2), (3, 0)]))
+    stepped = G.movement(x, lambda v: v.slice(1, 7, 0, -2))
+    both = G.movement(G.unary("exp2", x), lambda v: v.pad([(2, 0), (0, 1)]).flip([0]))
+    permuted = G.contiguous(G.movement(x, lambda v: v.permute([1, 0])))
+    reshaped = G.movement(permuted, lambda v: v.reshape((4, 10)))
+    check(G.Graph([x], [flipped, padded, stepped, both, reshaped], {}), [rand(5, 8)])
+
+
+def test_gather_clamps_indices():
+    table = G.weight("emb", rand(10, 4), DType.float32)
+    idx = G.input_("idx", (2, 3), DType.int64)
+    out = G.gather(table, idx)
+    graph = G.Graph([idx], [out, G.unary("exp2", out)], {"emb": rand(10, 4)})
+    check(graph, [np.array([[0, 9, 3], [-4, 12, 5]], dtype=np.int64)])
+
+
+def test_iota_const_and_scalar_outputs():
+    x = G.input_("x", (5,))
+    ramp = G.cast(G.iota(5), DType.float32)
+    out = G.binary("add", x, ramp)
+    total = G.reduce("sum", out, 0)
+    check(G.Graph([x], [out, total, x, total], {}), [rand(5)])
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 13, 19), (6, 16, 16), (13, 5, 33), (2, 64, 40), (25, 9, 8)])
+@pytest.mark.parametrize("weight", [True, False])
+def test_matmul_tile_edges(m, k, n, weight):
+    a = G.input_("a", (m, k))
+    bw = rand(k, n)
+    b = G.weight("b", bw, DType.float32) if weight else G.input_("b", (k, n))
+    out = G.binary("add", matmul(a, b), G.expand_to(G.weight("bias", rand(n), DType.float32), (m, n)))
+    graph = G.Graph([a] if weight else [a, b], [G.unary("sqrt", G.binary("mul", out, out))],
+                    {"b": bw, "bias": rand(n)})
+    program = check(graph, [rand(m, k)] if weight else [rand(m, k), bw], rtol=1e-4, atol=1e-5)
+    assert n == 1 or any(as_contraction(kern) is not None for kern in program.kernels)
+
+
+def test_matmul_with_transposed_weight_and_batches():
+    x = G.input_("x", (3, 5, 12))
+    w = rand(10, 12)  # torch Linear layout: out x in
+    wt = G.movement(G.weight("w", w, DType.float32), lambda v: v.permute([1, 0]))
+    xe = G.movement(x, lambda v: v.reshape((3, 5, 12, 1)).expand((3, 5, 12, 10)))
+    we = G.movement(wt, lambda v: v.reshape((1, 1, 12, 10)).expand((3, 5, 12, 10)))
+    out = G.reduce("sum", G.binary("mul", xe, we), 2)
+    check(G.Graph([x], [out], {"w": w}), [rand(3, 5, 12)], rtol=1e-4, atol=1e-5)
+
+
+def test_schedules_change_nothing_but_speed():
+    a, b = G.input_("a", (9, 20)), G.input_("b", (20, 27))
+    graph = G.Graph([a, b], [matmul(a, b)], {})
+    inputs = [rand(9, 20), rand(20, 27)]
+    want = run(graph, inputs)[0]
+    program = group(graph)
+    (kern,) = program.kernels
+    space = schedule_space(kern, threads=2)
+    assert len(space) > 4 and space[0] == default_schedule(kern, threads=2)
+    for s in space:
+        kern.schedule = s
+        got = CpuBackend().compile(program, s.threads).run(inputs)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert flops(kern) == 2 * 9 * 20 * 27
+
+
+def test_threads_split_large_kernels():
+    a, b = G.input_("a", (96, 64)), G.input_("b", (64, 80))
+    x = G.input_("x", (256, 300))
+    graph = G.Graph([a, b, x], [matmul(a, b), G.unary("exp2", x)], {})
+    inputs = [rand(96, 64), rand(64, 80), rand(256, 300)]
+    program = group(graph)
+    for k in program.kernels:
+        k.schedule = type(k.schedule)(**{**k.schedule.__dict__, "threads": 2})
+    exe = CpuBackend().compile(program, threads=2)
+    assert exe.module.parallel, "large kernels should run on the thread pool"
+    for _ in range(3):
+        for got, want in zip(exe.run(inputs), run(graph, inputs)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_memory_plan_reuses_dead_temporaries():
+    x = G.input_("x", (64, 64))
+    h = x
+    for _ in range(4):  # a chain of materialised temporaries: only two live at a time
+        h = G.contiguous(G.unary("exp2", G.movement(h, lambda v: v.permute([1, 0]))))
+    graph = G.Graph([x], [G.unary("neg", h)], {})
+    program = check(graph, [rand(64, 64) * 0.01])
+    plan = plan_memory(program)
+    assert plan.arena_bytes <= plan.naive_bytes / 2
+    assert plan.arena_bytes >= 2 * 64 * 64 * 4
+
+
+def test_empty_output():
+    x = G.input_("x", (0, 4))
+    check(G.Graph([x], [G.unary("exp2", x)], {}), [np.zeros((0, 4), np.float32)])
+
+
+def test_kernel_flops_count_hoisted_reductions_once():
+    x = G.input_("x", (8, 16))
+    m = G.reduce("max_reduce", x, 1)
+    out = G.binary("add", x, G.expand_to(G.movement(m, lambda v: v.reshape((8, 1))), (8, 16)))
+    (kern,) = group(G.Graph([x], [out], {})).kernels
+    assert flops(kern) == 8 * 16 + 8 * 16  # one add per element, one max step per element
+    assert math.prod(kern.shape) == 128
