@@ -5,11 +5,15 @@
   broadcast of a batch dim is an expand view on the operand). Sums over K in the operand dtype.
 - fma(a, b, c): a * b + c, elementwise, all operands one shape and dtype (may round once).
 - rsqrt(x): 1 / sqrt(x), elementwise, float.
+- softmax(x, axis): exp(x - max) / sum(exp(x - max)) along axis (arg = axis); exp as exp2 of
+  x * log2(e), as the frontend writes it.
+- rmsnorm(x, axis, scale, eps): x / sqrt(sum(x * x along axis) * scale + eps), the sum
+  broadcast back along axis (arg = (axis, scale, eps); scale is 1/n for a mean).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -62,7 +66,61 @@ g.register("rsqrt", "composite",
            lambda node, x: np.reciprocal(np.sqrt(x, dtype=node.dtype.np), dtype=node.dtype.np),
            decompose=lambda n: g.unary("recip", g.unary("sqrt", n.srcs[0])))
 
-_BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt}
+LOG2E = 1.4426950408889634
+
+
+def _keep_expand(t: Node, axis: int, full: tuple) -> tuple[Node, Callable[[Node], Node]]:
+    """A reduction's result t broadcast back along axis, through a keepdim view as torch has it."""
+    kept = g.movement(t, lambda v: v.reshape((*full[:axis], 1, *full[axis + 1:])))
+    return kept, lambda x: g.movement(x, lambda v: v.expand(full))
+
+
+def softmax(x: Node, axis: int) -> Node:
+    g.unary("exp2", x)
+    return Node("softmax", (x,), axis % len(x.shape), x.shape, x.dtype)
+
+
+def _decompose_softmax(node: Node) -> Node:
+    (x,), axis, full = node.srcs, node.arg, tuple(node.shape)
+    m, expand = _keep_expand(g.reduce("max_reduce", x, axis), axis, full)
+    shifted = g.binary("add", x, expand(g.unary("neg", m)))
+    e = g.unary("exp2", g.binary("mul", shifted, g.expand_to(g.const(LOG2E, x.dtype), full)))
+    total, _ = _keep_expand(g.reduce("sum", e, axis), axis, full)
+    return g.binary("mul", e, expand(g.unary("recip", total)))
+
+
+def _softmax_numpy(node: Node, x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        e = np.exp2((x - np.max(x, axis=node.arg, keepdims=True)) * x.dtype.type(LOG2E))
+        return (e * np.reciprocal(np.sum(e, axis=node.arg, keepdims=True))).astype(node.dtype.np)
+
+
+def rmsnorm(x: Node, axis: int, scale: float, eps: float) -> Node:
+    g.unary("sqrt", x)
+    return Node("rmsnorm", (x,), (axis % len(x.shape), float(scale), float(eps)), x.shape, x.dtype)
+
+
+def _decompose_rmsnorm(node: Node) -> Node:
+    (x,), (axis, scale, eps), full = node.srcs, node.arg, tuple(node.shape)
+    ms, expand = _keep_expand(g.reduce("sum", g.binary("mul", x, x), axis), axis, full)
+    c = lambda v: g.expand_to(g.const(v, x.dtype), ms.shape)
+    r = g.unary("recip", g.unary("sqrt", g.binary("add", g.binary("mul", ms, c(scale)), c(eps))))
+    return g.binary("mul", x, expand(r))
+
+
+def _rmsnorm_numpy(node: Node, x: np.ndarray) -> np.ndarray:
+    axis, scale, eps = node.arg
+    t = x.dtype.type
+    ms = np.sum(x * x, axis=axis, keepdims=True) * t(scale) + t(eps)
+    return (x * np.reciprocal(np.sqrt(ms))).astype(node.dtype.np)
+
+
+g.register("softmax", "composite", _softmax_numpy, decompose=_decompose_softmax)
+g.register("rmsnorm", "composite", _rmsnorm_numpy, decompose=_decompose_rmsnorm)
+
+# the non-operand constructor arguments of a composite, from its node.arg
+COMPOSITE_ARGS: dict[str, Callable[[object], tuple]] = {"softmax": lambda a: (a,), "rmsnorm": tuple}
+_BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt, "softmax": softmax, "rmsnorm": rmsnorm}
 
 
 def build_composite(op: str, args: Sequence[Node]) -> Node:

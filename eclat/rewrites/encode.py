@@ -21,7 +21,7 @@ from ..ir.dtypes import DType
 from ..ir.graph import OPS, Graph, Node
 from ..ir.symbolic import as_int
 from ..ir.view import View
-from .composites import build_composite
+from .composites import COMPOSITE_ARGS, build_composite
 from .lang import CTOR_OF_OP, CTORS
 from .layout import laid_out
 
@@ -94,7 +94,7 @@ class Encoding:
         if node.kind == "reduce":
             return (CTOR_OF_OP[node.op], srcs[0], node.arg)
         if node.op in CTOR_OF_OP:
-            return (CTOR_OF_OP[node.op], *srcs)
+            return (CTOR_OF_OP[node.op], *srcs, *COMPOSITE_ARGS.get(node.op, lambda a: ())(node.arg))
         if not 1 <= len(srcs) <= 3:
             raise NotImplementedError(f"the e-graph cannot hold op {node.op!r} with {len(srcs)} operands")
         key = (node.op, node.arg, tuple(node.shape), node.dtype)

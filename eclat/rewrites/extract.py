@@ -24,6 +24,7 @@ from ..ir.view import View
 from .lang import CTORS
 
 LAUNCH = 2000.0  # a kernel boundary, in units of one elementwise op
+FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0}  # one kernel, per-element work
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
 SYMBOLIC_HINT = 64
 LEAF_COPY = 100.0  # size assumed for a symbolic dimension when estimating
@@ -133,6 +134,8 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list) -> float:
         return LAUNCH + numel(kids[0][0])
     if ctor == "Matmul":
         return LAUNCH + 0.25 * numel(kids[0][0]) * numel(kids[1][0][-1:])
+    if ctor in FUSED_REDUCTIONS:
+        return LAUNCH + FUSED_REDUCTIONS[ctor] * n
     if ctor in TRANSCENDENTAL:
         return 4.0 * n
     return float(n)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..ir.dtypes import DType
 from .lang import CTORS, Rule, RuleSet
 
-_VAR = {"attr": "d", "int": "r"}
+_VAR = {"attr": ("d", DType.float16), "int": ("r", 1), "f64": ("a", 0.5)}  # name, example value
 # example operands where the default float32 [2, 3] tensors do not fit
 _EXAMPLES = {
     "Where": {"x0": ((2, 3), DType.bool)},
@@ -21,8 +21,9 @@ FUSIBLE = [c for c, (op, kinds) in CTORS.items()
 
 def _rules(ctor: str) -> list[Rule]:
     kinds = CTORS[ctor][1]
-    args = [f"x{k}" if kind == "T" else _VAR[kind] for k, kind in enumerate(kinds)]
-    example = {"d": DType.float16, "r": 1, **_EXAMPLES.get(ctor, {})}
+    args = [f"x{k}" if kind == "T" else f"{_VAR[kind][0]}{k}" for k, kind in enumerate(kinds)]
+    example = {f"{_VAR[kind][0]}{k}": _VAR[kind][1] for k, kind in enumerate(kinds) if kind != "T"}
+    example.update(_EXAMPLES.get(ctor, {}))
     out = []
     for k, kind in enumerate(kinds):
         if kind == "T":

@@ -8,11 +8,13 @@ reads the plan from the oracle tables mm_a / mm_b / mm_o.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..ir import graph as g
 from ..ir.graph import Graph
 from ..ir.symbolic import as_int
 from ..ir.view import View
-from .composites import matmul
+from .composites import matmul, rmsnorm, softmax
 from .lang import Rule, RuleSet
 
 
@@ -66,6 +68,29 @@ def fill_matmul(enc) -> list[tuple[str, tuple[int, ...], int]]:
     return out
 
 
+def fill_broadcasts(enc) -> list[tuple[str, tuple[int, ...], int]]:
+    """keep(v, r): v is the keepdim view of a reduction over r; spread(v, r): v broadcasts such a
+    keepdim tensor back along r. Both as torch's keepdim reductions produce them."""
+    out = []
+    for i, v in enumerate(list(enc.attrs)):
+        if not isinstance(v, View) or v.mask is not None:
+            continue
+        for r in range(v.ndim):
+            kept = (*v.shape[:r], 1, *v.shape[r + 1:])
+            if as_int(v.shape[r]) == 1 and v.is_contiguous:
+                out.append(("keep", (i, r), 1))
+            elif as_int(v.shape[r]) != 1 and v == View.contiguous(kept).expand(v.shape):
+                out.append(("spread", (i, r), 1))
+    return out
+
+
+def _composite_example(make) -> Callable[[], Graph]:
+    def example() -> Graph:
+        x = g.input_("x", (2, 3, 5))
+        return g.decompose_composites(Graph([x], [make(x)], {}))
+    return example
+
+
 def _example() -> Graph:
     """x [2, 3, 4] @ transpose(W [2, 5, 4]) written as expand, multiply, sum."""
     x = g.input_("x", (2, 3, 4))
@@ -77,4 +102,12 @@ def _example() -> Graph:
 RULES = RuleSet("recognition", (
     Rule("matmul", "(Sum (Mul (View x va) (View y vb)) r)", "(View (Matmul (View x a2) (View y b2)) o)",
          ("(= a2 (mm_a va vb r))", "(= b2 (mm_b va vb r))", "(= o (mm_o va vb r))"), example=_example),
+    Rule("softmax", "(Mul e (View (Recip (View (Sum e r) vk2)) ve2))", "(Softmax s r)",
+         ("(= e (Exp2 (Mul (Add s (View (Neg (View (MaxReduce s r) vk1)) ve1)) (Fill c d sh))))",
+          "(> c 1.44269)", "(< c 1.4427)", "(= 1 (keep vk1 r))", "(= 1 (spread ve1 r))",
+          "(= 1 (keep vk2 r))", "(= 1 (spread ve2 r))"),
+         example=_composite_example(lambda x: softmax(x, 2))),
+    Rule("rmsnorm", "(Mul x (View (Recip (Sqrt (Add (Mul (View (Sum (Mul x x) r) vk) (Fill a d s1)) "
+         "(Fill b d s2)))) ve))", "(RmsNorm x r a b)", ("(= 1 (keep vk r))", "(= 1 (spread ve r))"),
+         example=_composite_example(lambda x: rmsnorm(x, 1, 1 / 3, 1e-5))),
 ))

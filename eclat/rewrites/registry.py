@@ -12,7 +12,7 @@ EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE,)
 FUSION: tuple[RuleSet, ...] = (fusion.RULES,)
 
 # recognition before layout: layout lays out the operand views the matmul plans create
-ORACLE_FILLERS = (algebra.fill_drop, recognition.fill_matmul, layout.fill_layout)
+ORACLE_FILLERS = (algebra.fill_drop, recognition.fill_matmul, recognition.fill_broadcasts, layout.fill_layout)
 
 
 def all_rulesets() -> list[RuleSet]:
