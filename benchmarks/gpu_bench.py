@@ -1,11 +1,14 @@
 """CUDA benchmark: eclat target="cuda" against torch eager and torch.compile on the same GPU.
 
     python benchmarks/gpu_bench.py [--out DIR] [--only mlp_b64,matmul_1024] [--k 1] [--budget 400]
+    python benchmarks/gpu_bench.py --compare opencl,cpu --only mlp_b64,chain_64x1024,matmul_512
 
 Times are medians of CUDA-event timings on the device, without host copies: eclat's kernels
 (CudaExecutable.time_kernels) against torch's forward on CUDA tensors; eclat's full call (with
 copies in and out) is reported too. Every eclat result is checked against torch (rtol 1e-3).
 Writes gpu_bench.json and gpu_bench.md to --out (default $OUT, else ./gpu_results).
+--compare T1,T2,... instead times eclat's full call (wall clock, median) on each target, no GPU
+needed (e.g. OpenCL on PoCL against the CPU backend).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def _llama():
 WORKLOADS = {  # name -> (factory, flops for a GFLOP/s column or None)
     "mlp_b64": (lambda: (MLP(), (torch.randn(64, 512),)), None),
     "chain_64x1024": (lambda: (NormChain(), (torch.randn(64, 1024),)), None),
+    "matmul_512": (lambda: (MatMul(), (torch.randn(512, 512), torch.randn(512, 512))), 2 * 512**3),
     "matmul_1024": (lambda: (MatMul(), (torch.randn(1024, 1024), torch.randn(1024, 1024))), 2 * 1024**3),
     "llama_2x256_seq64": (_llama, None),
 }
@@ -104,9 +108,32 @@ def bench(name: str, args) -> dict:
     return row
 
 
-def table(rows: list[dict]) -> str:
-    cols = ["workload", "eclat_kernels_ms", "eclat_call_ms", "torch_eager_ms", "torch_compile_ms",
-            "eclat_gflops", "torch_eager_gflops", "eclat_matches_torch", "error"]
+def compare(name: str, targets: list[str], args) -> dict:
+    """eclat's full call on each target: wall-clock median ms, checked against torch."""
+    import eclat
+
+    factory, _ = WORKLOADS[name]
+    torch.manual_seed(0)
+    model, inputs = factory()
+    model.eval()
+    row: dict = {"workload": name}
+    arrays = [x.numpy() for x in inputs]
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = model(*inputs).numpy()
+        for target in targets:
+            fast = eclat.compile(model, inputs, target=target, autotune=args.autotune, k=args.k, quiet=True)
+            ok = np.allclose(fast(*arrays), want, rtol=1e-3, atol=1e-3)
+            row[f"{target}_ms"] = wall_median_ms(lambda f=fast: f(*arrays), repeats=args.repeats)
+            row[f"{target}_matches_torch"] = bool(ok)
+    return row
+
+
+BENCH_COLUMNS = ["workload", "eclat_kernels_ms", "eclat_call_ms", "torch_eager_ms", "torch_compile_ms",
+                 "eclat_gflops", "torch_eager_gflops", "eclat_matches_torch", "error"]
+
+
+def table(rows: list[dict], cols: list[str] = BENCH_COLUMNS) -> str:
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
@@ -121,14 +148,23 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=1, help="e-graph candidates to compile and time")
     ap.add_argument("--autotune", default="none", choices=["none", "fast", "full"])
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; later workloads are skipped")
+    ap.add_argument("--compare", default="", help="targets to compare by eclat call time, e.g. opencl,cpu")
+    ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
+    names = [n for n in WORKLOADS if not args.only or n in args.only.split(",")]
+    if args.compare:
+        targets = args.compare.split(",")
+        rows = [compare(n, targets, args) for n in names]
+        cols = ["workload"] + [f"{t}_ms" for t in targets] + [f"{t}_matches_torch" for t in targets]
+        print(table(rows, cols))
+        return 0 if all(r[c] for r in rows for c in cols if c.endswith("matches_torch")) else 1
     if not torch.cuda.is_available():
         print("gpu_bench: torch sees no CUDA device", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start, rows = time.perf_counter(), []
-    for name in [n for n in WORKLOADS if not args.only or n in args.only.split(",")]:
+    for name in names:
         if time.perf_counter() - start > args.budget:
             rows.append({"workload": name, "error": "skipped: time budget spent"})
             continue

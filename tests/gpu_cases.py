@@ -4,14 +4,13 @@ CUDA and Metal tests): each case is (name, graph, inputs)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 
 import eclat.rewrites.composites  # noqa: F401  (registers the fma composite)
-from eclat.backends.gpu_c import GpuSchedule, gpu_schedule_space
+from eclat.backends.gpu_c import GpuSchedule, gpu_schedule_space, with_variants
 from eclat.compiler.group import group
-from eclat.compiler.kernel import Buffer, Program
+from eclat.compiler.kernel import Program
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
 from eclat.ir.graph import Graph, Node
@@ -143,9 +142,6 @@ def compare(outs: list[np.ndarray], ref: list[np.ndarray], rtol: float = 1e-4, a
             np.testing.assert_allclose(o, r, rtol=rtol, atol=atol, err_msg=f"output {j}")
 
 
-Variant = tuple[str, str, GpuSchedule]
-
-
 def sample(space: list[GpuSchedule]) -> list[GpuSchedule]:
     """The default and the first schedule of every other (strategy, vector) pair: every
     code path of the space, at a fraction of the PoCL build time."""
@@ -156,44 +152,23 @@ def sample(space: list[GpuSchedule]) -> list[GpuSchedule]:
     return out
 
 
-Variant = tuple[str, str, GpuSchedule]
-
-
-def with_variants(program: Program, full: bool = True
-                  ) -> tuple[Program, dict[str, GpuSchedule], list[Variant]]:
-    """program plus one copy of each kernel per schedule of its space, each copy writing an
-    output of its own, so that one OpenCL build checks them all. Returns the variants as
-    (output of the default schedule, output of this schedule, schedule)."""
-    buffers, kernels = dict(program.buffers), list(program.kernels)
-    outputs, shapes = list(program.outputs), list(program.output_shapes)
-    chosen, variants = {}, []
-    for k in program.kernels:
-        space = gpu_schedule_space(k)
-        for j, s in enumerate(space if full else sample(space)):
-            out, name = f"{k.out}_v{j}", f"{k.name}_v{j}"
-            buffers[out] = Buffer(out, k.numel, program.buffers[k.out].dtype, "output")
-            kernels.append(replace(k, name=name, out=out))
-            chosen[name] = s
-            outputs.append(out)
-            shapes.append(k.shape)
-            variants.append((f"{k.out}_v0", out, s))
-    return replace(program, buffers=buffers, kernels=kernels, outputs=outputs, output_shapes=shapes), \
-        chosen, variants
-
-
 def check_schedule_space(make: Callable[[Program, dict[str, GpuSchedule]], object], case: str,
                          full: bool) -> None:
     """Every (or a sample of every) schedule of every kernel of case gives the default's values,
     and the defaults match the interpreter. make(program, schedules) -> an executable."""
     graph, inputs = CASES[case]()
     program = group(graph)
-    prog, chosen, variants = with_variants(program, full)
+    spaces = {k.name: gpu_schedule_space(k) for k in program.kernels}
+    prog, chosen, variants = with_variants(program, spaces if full else
+                                           {name: sample(space) for name, space in spaces.items()})
     assert len(variants) >= 2 * len(program.kernels)
     outs = dict(zip(prog.outputs, make(prog, chosen).run(inputs)))
     compare([outs[o] for o in program.outputs], run(graph, inputs))
-    for default, out, s in variants:
-        np.testing.assert_allclose(outs[out], outs[default], rtol=1e-4, atol=1e-5, err_msg=f"{out} with {s}")
-    tried = {s.strategy for _, _, s in variants}
+    default = {v.kernel: outs[v.out] for v in reversed(variants)}  # each kernel's first: its default
+    for v in variants:
+        np.testing.assert_allclose(outs[v.out], default[v.kernel], rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{v.name} with {v.schedule}")
+    tried = {v.schedule.strategy for v in variants}
     assert "flat" in tried and (case == "elementwise" or "row" in tried)
     assert case != "matmuls" or "tile" in tried
-    assert case != "elementwise" or any(s.vector == 4 for _, _, s in variants)
+    assert case != "elementwise" or any(v.schedule.vector == 4 for v in variants)

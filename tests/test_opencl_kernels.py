@@ -48,3 +48,21 @@ def test_runs_twice_with_new_inputs() -> None:
     exe.run(inputs)
     other = [np.ascontiguousarray(a[::-1]) for a in inputs]
     compare(exe.run(other), run(graph, other))
+
+
+def test_tuning_picks_a_verified_schedule_and_reuses_the_database(tmp_path) -> None:
+    from eclat.autotune.db import TuningDB
+    from eclat.backends import get_backend
+    from eclat.backends.gpu_c import gpu_schedule_space
+
+    graph, inputs = CASES["matmuls"]()
+    program = group(graph)
+    backend = get_backend("opencl")
+    db = TuningDB(tmp_path / "tuning.db")
+    chosen = backend.tune(program, inputs, mode="full", db=db, device="pocl-test")
+    assert set(chosen) == {k.name for k in program.kernels}
+    for k in program.kernels:
+        assert chosen[k.name] in gpu_schedule_space(k)
+    compare(backend.compile(program, schedules=chosen).run(inputs), run(graph, inputs))
+    again = backend.tune(program, inputs, mode="fast", db=db, device="pocl-test")
+    assert again == chosen and db.hits >= len(program.kernels)

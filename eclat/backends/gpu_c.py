@@ -788,7 +788,7 @@ def tune_schedules(program: Program, inputs: list[np.ndarray], make, *, backend:
             continue
         default = outs[mine[0].out]
         cands = [Candidate(v.schedule, 0.0, v) for v in mine]  # one roofline for all: default first
-        key = TuningKey.make(kernel_key(k), k.shape, k.body.dtype, backend, device) if db is not None else None
+        key = None if db is None else TuningKey.make(kernel_key(k), k.shape, k.body.dtype, backend, device)
         found = search(cands, time_fn=lambda c: exe.time_kernel(c.payload.name) * 1e6,
                        check_fn=lambda c, d=default: bool(np.allclose(outs[c.payload.out], d, rtol=1e-4,
                                                                       atol=1e-5, equal_nan=True)),

@@ -14,7 +14,7 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu_c import CUDA, GpuSchedule, RenderedProgram, render_program, tune_schedules
+from ..gpu_c import CUDA, GpuSchedule, RenderedProgram, render_program
 from .nvcc import compile_ptx
 
 _STATE: dict[str, Any] = {}
@@ -137,9 +137,3 @@ class CudaExecutable:
             end.synchronize()
             times.append(start.time_till(end) / 1e3)
         return float(np.median(times[1:]))
-
-    def tune(self, inputs: list[np.ndarray], mode: str = "fast", db: Any = None, device: str = "") -> None:
-        """Re-render with the fastest verified schedule of every kernel (see gpu_c.tune_schedules)."""
-        schedules = tune_schedules(self.program, inputs, CudaExecutable, backend="cuda", mode=mode, db=db,
-                                   device=device)
-        self.__init__(self.program, schedules)

@@ -4,9 +4,11 @@ Metal source against `shim/metal_stdlib` for machines without Metal."""
 from __future__ import annotations
 
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +85,11 @@ class MetalExecutable:
         raw = self.buffers[name].contents().as_buffer(max(b.nbytes, 4))
         return np.frombuffer(raw, dtype=b.dtype.np, count=b.numel)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        Metal, p = self._metal, self.program
-        for name, a in zip(p.inputs, inputs):
-            self._view(name)[:] = np.ascontiguousarray(a, dtype=p.buffers[name].dtype.np).reshape(-1)
+    def _dispatch(self, pipelines: list) -> None:
+        Metal = self._metal
         cmd = self.queue.commandBuffer()
         enc = cmd.computeCommandEncoder()
-        for state, rk in self.pipelines:
+        for state, rk in pipelines:
             enc.setComputePipelineState_(state)
             for n, arg in enumerate(rk.args):
                 enc.setBuffer_offset_atIndex_(self.buffers[arg], 0, n)
@@ -98,4 +98,20 @@ class MetalExecutable:
         enc.endEncoding()
         cmd.commit()
         cmd.waitUntilCompleted()
+
+    def time_kernel(self, name: str, repeats: int = 10) -> float:
+        """Median seconds of one dispatch of kernel `name` (with its command buffer)."""
+        chosen = [(s, rk) for s, rk in self.pipelines if rk.name == name]
+        times = []
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            self._dispatch(chosen)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[1:])
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        p = self.program
+        for name, a in zip(p.inputs, inputs):
+            self._view(name)[:] = np.ascontiguousarray(a, dtype=p.buffers[name].dtype.np).reshape(-1)
+        self._dispatch(self.pipelines)
         return [self._view(name).copy().reshape(shape) for name, shape in zip(p.outputs, p.output_shapes)]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...compiler.kernel import Program
 from ...errors import EclatError
-from ..gpu_c import OPENCL, GpuSchedule, RenderedProgram, render_program, tune_schedules
+from ..gpu_c import OPENCL, GpuSchedule, RenderedProgram, render_program
 
 _BUILT: dict[tuple[int, str], Any] = {}
 
@@ -123,9 +123,3 @@ class OpenCLExecutable:
             self.queue.finish()
             times.append(time.perf_counter() - t)
         return statistics.median(times[1:])
-
-    def tune(self, inputs: list[np.ndarray], mode: str = "fast", db: Any = None, device: str = "") -> None:
-        """Rebuild with the fastest verified schedule of every kernel (see gpu_c.tune_schedules)."""
-        schedules = tune_schedules(self.program, inputs, OpenCLExecutable, backend="opencl", mode=mode,
-                                   db=db, device=device)
-        self.__init__(self.program, schedules)
