@@ -125,18 +125,23 @@ def test_buffers_lifted_constants_and_dict_outputs() -> None:
 
 
 class Scatters(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
         y = x * 2
         y[:, 1:3] = 0.5
         y[0] = x[1]
         y[:, ::2] += 1
-        return y
+        y[y > 2] = 0.0
+        y[i] = -1.0
+        z = x.clone()
+        z[i] += x[0]
+        return y, z, x.new_zeros(3).index_add(0, i, x[:2, 0]), torch.zeros(3, 5).scatter_add(0, i[:, None], x)
 
 
 def test_in_place_updates_of_intermediates() -> None:
-    x = torch.randn(3, 5)
-    graph = lower(Scatters(), (x,))
-    np.testing.assert_allclose(run(graph, [x.numpy()])[0], Scatters()(x).numpy(), rtol=RTOL, atol=ATOL)
+    args = (torch.randn(3, 5), torch.tensor([2, 0]))
+    graph = lower(Scatters(), args)
+    for got, ref in zip(run(graph, [a.numpy() for a in args]), Scatters()(*args)):
+        np.testing.assert_allclose(got, ref.numpy(), rtol=RTOL, atol=ATOL)
 
 
 class Counter(torch.nn.Module):

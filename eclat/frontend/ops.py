@@ -676,9 +676,11 @@ def _normalise_index(idx: Node, n: sint) -> Node:
     return P.where(P.lt(idx, 0), P.add(idx, P.lift(P.size_node(n), idx.dtype)), idx)
 
 
-def _index(ctx: Ctx, x: Node, indices: Sequence[Node | None]) -> Node:
-    """x[..., i, j, ...] with integer index tensors: the indexed axes are moved to the
-    front and flattened into one, which a single Gather reads."""
+def _flatten_indexed(x: Node, indices: Sequence[Node | None]) -> tuple[Node, Node, list[int], Any]:
+    """x[indices] as (table, lin, pos, order): the indexed axes `pos` of x moved to the front
+    and flattened into one (table [P, *rest]), the flat position of every indexed element
+    (lin, in the indices' broadcast shape), and the permutation that takes table[lin]
+    (index dims first) to torch's layout of x[indices], or None when it is already that."""
     nd = len(x.shape)
     pos = [k for k, i in enumerate(indices) if i is not None]
     rest = [k for k in range(nd) if k not in pos]
@@ -690,40 +692,112 @@ def _index(ctx: Ctx, x: Node, indices: Sequence[Node | None]) -> Node:
         lin = i if lin is None else P.add(P.mul(lin, P.lift(P.size_node(x.shape[k]), DType.int64)), i)
     front = P.permute(x, pos + rest)
     table = P.reshape(front, (prod([x.shape[k] for k in pos]), *(x.shape[k] for k in rest)))
-    out = g.gather(table, lin)
-    adjacent = pos == list(range(pos[0], pos[-1] + 1))
-    if adjacent and pos[0] > 0:  # torch keeps the index dims in place when they are adjacent
+    order = None
+    if pos == list(range(pos[0], pos[-1] + 1)) and pos[0] > 0:  # adjacent index dims stay in place
         b, lead = len(bshape), pos[0]
-        order = list(range(b, b + lead)) + list(range(b)) + list(range(b + lead, len(out.shape)))
-        out = P.permute(out, order)
-    return out
+        order = list(range(b, b + lead)) + list(range(b)) + list(range(b + lead, b + len(rest)))
+    return table, lin, pos, order
+
+
+def _index(ctx: Ctx, x: Node, indices: Sequence[Node | None]) -> Node:
+    """x[..., i, j, ...] with integer index tensors: one Gather from the flattened table."""
+    table, lin, _, order = _flatten_indexed(x, indices)
+    out = g.gather(table, lin)
+    return out if order is None else P.permute(out, order)
+
+
+def _put_rows(table: Node, lin: Node, vals: Node, accumulate: bool) -> Node:
+    """table [P, *R] with row lin[b] replaced by (or, accumulating, increased by) vals[b]
+    for every b (lin [B], vals [B, *R]): a one-hot match of rows and updates, summed.
+    Without accumulation the last update of a row wins, as on torch's CPU."""
+    rows, b, r = table.shape[0], lin.shape[0], table.shape[1:]
+    hits = P.eq(g.expand_to(P.reshape(g.iota(rows, DType.int64), (rows, 1)), (rows, b)),
+                g.expand_to(lin, (rows, b)))
+    if not accumulate:
+        order = g.expand_to(g.iota(b, DType.int64), (rows, b))
+        last = g.reduce("max_reduce", P.where(hits, order, P.lift(-1, DType.int64)), 1)
+        hits = P.eq(order, g.expand_to(P.reshape(last, (rows, 1)), (rows, b)))
+    full = (rows, *r, b)
+    h = g.expand_to(P.reshape(hits, (rows, *(1,) * len(r), b)), full)
+    v = g.expand_to(P.reshape(P.permute(vals, [*range(1, len(r) + 1), 0]), (1, *r, b)), full)
+    update = g.reduce("sum", P.where(h, v, P.lift(0, table.dtype)), len(full) - 1)
+    if accumulate:
+        return P.add(table, update)
+    hit = g.expand_to(P.reshape(g.reduce("max_reduce", hits, 1), (rows, *(1,) * len(r))), table.shape)
+    return P.where(hit, update, table)
+
+
+def _inverse(order: Sequence[int]) -> list[int]:
+    return [order.index(k) for k in range(len(order))]
+
+
+def _index_put(ctx: Ctx, x: Node, indices: Sequence[Node | None], values: Node, accumulate: bool = False
+               ) -> Node:
+    """x[indices] = values (or += with accumulate). Duplicate indices without accumulate
+    are summed (torch leaves their result undefined)."""
+    given = [i for i in indices if i is not None]
+    if any(i.dtype is DType.bool for i in given):
+        if len(given) != 1 or prod(values.shape) != 1:
+            raise NotImplementedError("boolean-mask assignment of anything but a single value")
+        k = next(k for k, i in enumerate(indices) if i is not None)
+        mask = g.expand_to(P.reshape(given[0], (*(1,) * k, *given[0].shape,
+                                               *(1,) * (len(x.shape) - k - len(given[0].shape)))), x.shape)
+        v = P.lift(P.reshape(values, ()), x.dtype)
+        return P.where(mask, P.add(x, v) if accumulate else v, x)
+    table, lin, pos, order = _flatten_indexed(x, indices)
+    gathered = (*lin.shape, *table.shape[1:])  # table[lin] has the index dims first
+    torch_shape = gathered if order is None else tuple(gathered[k] for k in order)
+    vals = g.expand_to(g.cast(values, x.dtype), torch_shape)
+    vals = vals if order is None else P.permute(vals, _inverse(order))
+    b = prod(lin.shape)
+    updated = _put_rows(table, P.reshape(lin, (b,)), P.reshape(vals, (b, *table.shape[1:])), accumulate)
+    rest = [k for k in range(len(x.shape)) if k not in pos]
+    front = P.reshape(updated, [x.shape[k] for k in pos + rest])
+    return P.permute(front, _inverse(pos + rest))
 
 
 def _index_select(ctx: Ctx, x: Node, dim: int, index: Node) -> Node:
     axis = _axis(dim, len(x.shape))
-    out = _index(ctx, x, [None] * axis + [P.reshape(index, (prod(index.shape),))])
-    return out
+    return _index(ctx, x, [None] * axis + [P.reshape(index, (prod(index.shape),))])
+
+
+def _flat_positions(x: Node, axis: int, index: Node) -> Node:
+    """For torch.gather / scatter: the flat position in x of every element of index,
+    i.e. index on `axis` and the element's own coordinate on every other axis."""
+    idx = _normalise_index(index, x.shape[axis]) if x.shape else index
+    strides = View.contiguous(x.shape).strides
+    lin: Node | None = None
+    for k, (n, s) in enumerate(zip(idx.shape, strides)):
+        if as_int(s) is None:
+            raise NotImplementedError("gather or scatter on a tensor with symbolic sizes")
+        if k == axis:
+            term = g.cast(idx, DType.int64)
+        else:
+            term = g.expand_to(P.reshape(g.iota(n, DType.int64), (n,) + (1,) * (len(idx.shape) - k - 1)),
+                               idx.shape)
+        term = term if as_int(s) == 1 else P.mul(term, as_int(s))
+        lin = term if lin is None else P.add(lin, term)
+    return lin if lin is not None else g.cast(idx, DType.int64)
 
 
 def _gather_dim(ctx: Ctx, x: Node, dim: int, index: Node, *, sparse_grad: bool = False) -> Node:
     """torch.gather: out[i][j] = x[i][index[i][j]] (for dim 1) through the flat table."""
     axis = _axis(dim, len(x.shape))
-    idx = _normalise_index(index, x.shape[axis]) if x.shape else index
-    strides = View.contiguous(x.shape).strides
-    lin: Node | None = None
-    for k, (n, s) in enumerate(zip(idx.shape, strides)):
-        if k == axis:
-            term = g.cast(idx, DType.int64)
-        else:
-            shape = (n,) + (1,) * (len(idx.shape) - k - 1)
-            term = g.expand_to(P.reshape(g.iota(n, DType.int64), shape), idx.shape)
-        stride = as_int(s) if as_int(s) is not None else None
-        if stride is None:
-            raise NotImplementedError("gather on a tensor with symbolic sizes")
-        term = term if stride == 1 else P.mul(term, stride if stride else 0)
-        lin = term if lin is None else P.add(lin, term)
-    table = P.reshape(x, (prod(x.shape),))
-    return g.gather(table, lin if lin is not None else g.cast(idx, DType.int64))
+    return g.gather(P.reshape(x, (prod(x.shape),)), _flat_positions(x, axis, index))
+
+
+def _scatter(accumulate: bool) -> Callable[..., Node]:
+    def lower(ctx: Ctx, x: Node, dim: int, index: Node, src: Value, **_: Any) -> Node:
+        """x with x[i][index[i][j]] = src[i][j] (for dim 1), or += when accumulating."""
+        axis = _axis(dim, len(x.shape))
+        lin = _flat_positions(x, axis, index)
+        if isinstance(src, Node):  # only src's leading index.shape block takes part
+            src = g.movement(src, lambda v: v.shrink([(0, n) for n in index.shape]))
+        vals = P.lift(src, x.dtype, index.shape)
+        b = prod(index.shape)
+        flat = P.reshape(x, (prod(x.shape),))
+        return P.reshape(_put_rows(flat, P.reshape(lin, (b,)), P.reshape(vals, (b,)), accumulate), x.shape)
+    return lower
 
 
 def _embedding(ctx: Ctx, weight: Node, idx: Node, *_: Any) -> Node:
@@ -896,6 +970,9 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.index.Tensor: _index,
     aten.index_select.default: _index_select,
     aten.gather.default: _gather_dim,
+    aten.index_put.default: _index_put,
+    aten.scatter.src: _scatter(False), aten.scatter.value: _scatter(False),
+    aten.scatter_add.default: _scatter(True),
     aten.embedding.default: _embedding,
     # creation, casts, no-ops
     aten.full.default: _full, aten.full_like.default: _full,
