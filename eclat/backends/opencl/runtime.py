@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...compiler.kernel import Program
+from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
 from ..gpu_c import OPENCL, GpuSchedule, RenderedProgram, render_program
 
@@ -72,14 +73,21 @@ class OpenCLExecutable:
         self.rendered: RenderedProgram = render_program(program, OPENCL, schedules)
         prog = build(self.rendered.source)
         mf = cl.mem_flags
+        # temporaries are regions of one arena placed by the memory planner, where the device's
+        # sub-buffer alignment allows; the others get buffers of their own
+        self.plan: MemoryPlan = plan_memory(program)
+        self.arena = cl.Buffer(self.ctx, mf.READ_WRITE, max(self.plan.arena_bytes, 4))
+        align = max(1, self.ctx.devices[0].mem_base_addr_align // 8)
         self.buffers: dict[str, Any] = {}
         for name, b in program.buffers.items():
-            if b.role == "weight":
+            offset = self.plan.offsets.get(name)
+            if b.role == "weight" and b.nbytes:
                 host = np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1)
-                if host.size:
-                    self.buffers[name] = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host)
-                    continue
-            self.buffers[name] = cl.Buffer(self.ctx, mf.READ_WRITE, max(b.nbytes, 4))
+                self.buffers[name] = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host)
+            elif b.role == "temp" and offset is not None and offset % align == 0 and b.nbytes:
+                self.buffers[name] = self.arena.get_sub_region(offset, b.nbytes)
+            else:
+                self.buffers[name] = cl.Buffer(self.ctx, mf.READ_WRITE, max(b.nbytes, 4))
         self.launches: dict[str, tuple[Any, int, int]] = {}
         for rk in self.rendered.kernels:
             if rk.groups == 0:
