@@ -1,0 +1,88 @@
+"""eclat.compile end to end on the CPU: every zoo model matches torch; calls are validated."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import eclat
+from tests.zoo import ZOO
+
+
+def _compile(name: str):
+    model, inputs = ZOO[name]()
+    return model, inputs, eclat.compile(model, inputs, target="cpu", autotune="none", k=1, quiet=True)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_model_matches_torch(name):
+    model, inputs, fast = _compile(name)
+    with torch.no_grad():
+        want = torch.utils._pytree.tree_leaves(model(*inputs))
+    got = torch.utils._pytree.tree_leaves(fast(*inputs))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert isinstance(g, torch.Tensor) and g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return _compile("mlp")
+
+
+def test_numpy_in_numpy_out(mlp):
+    model, (x,), fast = mlp
+    out = fast(x.numpy())
+    assert isinstance(out, np.ndarray)
+    with torch.no_grad():
+        np.testing.assert_allclose(out, model(x).numpy(), rtol=1e-3, atol=1e-4)
+
+
+def test_repeated_calls_are_independent(mlp):
+    model, (x,), fast = mlp
+    a, b = fast(x), fast(x * 2)
+    with torch.no_grad():
+        torch.testing.assert_close(a, model(x), rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(b, model(x * 2), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("args,message", [
+    ((), "expected 1 inputs"),
+    ((torch.zeros(4, 16), torch.zeros(4, 16)), "given 2"),
+    ((torch.zeros(3, 16),), "expected shape [4, 16], given [3, 16]"),
+    ((torch.zeros(4, 16, dtype=torch.float64),), "expected dtype float32, given float64"),
+    ((np.zeros((4, 16), np.int32),), "expected dtype float32, given int32"),
+    (("hello",), "expected a torch.Tensor or numpy.ndarray, given str"),
+])
+def test_bad_calls_raise_value_error(mlp, args, message):
+    _, _, fast = mlp
+    with pytest.raises(ValueError) as err:
+        fast(*args)
+    assert message in str(err.value)
+
+
+def test_report_is_json_and_complete(mlp):
+    _, _, fast = mlp
+    report = json.loads(json.dumps(fast.report()))
+    for key in ("target", "device", "egraph", "candidates", "kernels", "compile_seconds", "tuning_cache"):
+        assert key in report
+    assert set(report["device"]) >= {"name", "fingerprint", "peak_gflops", "peak_gbps"}
+    assert set(report["egraph"]) >= {"enodes", "eclasses", "iterations", "seconds", "rules"}
+    assert set(report["candidates"]) >= {"extracted", "pruned", "timed"}
+    kern = report["kernels"][0]
+    assert set(kern) >= {"name", "ops", "flops", "bytes", "estimated_us", "measured_us"}
+    assert sum(k["flops"] for k in report["kernels"]) > 2 * 4 * 16 * 32  # at least the first layer
+
+
+def test_bad_options():
+    model, inputs = ZOO["mlp"]()
+    with pytest.raises(ValueError, match="autotune"):
+        eclat.compile(model, inputs, autotune="sometimes")
+    with pytest.raises(ValueError, match="threads"):
+        eclat.compile(model, inputs, threads=0)
+    with pytest.raises(eclat.EclatError, match="no backend"):
+        eclat.compile(model, inputs, target="tpu", autotune="none")
