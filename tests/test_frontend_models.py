@@ -40,6 +40,18 @@ def test_zoo_model_matches_torch(name: str) -> None:
         "mul", "mod", "lt", "max", "where", "sum", "max_reduce", "contiguous", "gather", "view"}
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_mlp(dtype: torch.dtype) -> None:
+    model, (x,) = ZOO["mlp"]()
+    model, x = model.to(dtype), x.to(dtype)
+    graph = lower(model, (x,))
+    assert graph.inputs[0].dtype.name == str(dtype).removeprefix("torch.")
+    (got,) = run(graph, [x.float().numpy() if dtype is torch.bfloat16 else x.numpy()])
+    with torch.no_grad():
+        ref = model(x).float().numpy()
+    np.testing.assert_allclose(got.astype(np.float32), ref, rtol=2e-2, atol=2e-3)  # half-precision rounding
+
+
 def test_inputs_weights_and_output_structure() -> None:
     model, args = ZOO["hf_bert"]()
     graph = lower(model, args)
