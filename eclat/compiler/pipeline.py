@@ -16,7 +16,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..errors import EclatError
-from ..ir.graph import Graph
+from ..ir.graph import Graph, numel
 from ..ir.interpreter import run as interpret
 from .group import group
 from .kernel import Program, bytes_moved, flops
@@ -24,6 +24,7 @@ from .model import CompiledModel, InputSpec, _flatten
 
 RTOL, ATOL = 1e-3, 1e-4
 AUTOTUNE_MODES = ("none", "fast", "full")
+REFERENCE_BUDGET = 20_000_000  # elements the reference interpreter may touch on the lowered graph
 
 
 def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threads: int | None = None,
@@ -55,7 +56,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     start = time.perf_counter() if start is None else start
     backend = get_backend(target)
     candidates, egraph = _candidates(graph, target, k)
-    reference = interpret(graph, arrays) if verify else None
+    reference = interpret(_reference_graph(graph, candidates), arrays) if verify else None
     device = _device(target, threads, cache_dir) if autotune != "none" else None
     best: tuple[float, Any, Program] | None = None
     errors: list[str] = []
@@ -93,6 +94,16 @@ def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:
         return [graph], {}
     opt = optimize(graph, target, k)
     return (opt.candidates or [graph]), dict(opt.stats)
+
+
+def _reference_graph(graph: Graph, candidates: list[Graph]) -> Graph:
+    """The graph whose interpretation is the reference: the model as lowered, unless
+    interpreting it would materialise huge broadcast products (a matmul as sum(mul(expand,
+    expand)) costs M*K*N memory in numpy); then the e-graph's first candidate, which keeps
+    recognised contractions as composites that numpy runs directly. Rewrites are
+    checked for soundness on their own, so either is a faithful reference."""
+    work = sum(numel(n.shape) or 0 for n in graph.nodes())
+    return graph if work <= REFERENCE_BUDGET or not candidates else candidates[0]
 
 
 def _device(target: str, threads: int, cache_dir: str | None) -> Any:
