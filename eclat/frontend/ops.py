@@ -301,7 +301,7 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     """Direct convolution: a strided window view of the (padded) input times the expanded
     weights, summed over input channels and kernel positions."""
     if transposed:
-        raise NotImplementedError("transposed convolution")
+        return _conv_transpose(ctx, x, w, bias, stride, padding, dilation, output_padding, groups)
     nd = len(x.shape) - 2
     n = x.shape[0]
     o, cg, *ks = w.shape
@@ -320,6 +320,36 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     if bias is not None:
         out = P.add(out, P.reshape(bias, (o,) + (1,) * nd))
     return out
+
+
+def _conv_transpose(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence[int],
+                    padding: Sequence[int], dilation: Sequence[int], output_padding: Sequence[int],
+                    groups: int) -> Node:
+    """A transposed convolution is a stride-1 convolution of the input spread out by the
+    stride (zeros between elements) and padded by d*(k-1)-p, with each group's weights
+    transposed (in <-> out channels) and flipped in space."""
+    nd = len(x.shape) - 2
+    cin, cout_g, *ks = w.shape
+    cin_g = as_int(cin) // groups
+    for k, s in enumerate(stride):
+        if s > 1:
+            x = _place_every(x, 2 + k, s)
+    pads: list[int] = []
+    for k, d, p, op in reversed(list(zip(ks, dilation, padding, output_padding))):
+        pads += [d * (k - 1) - p, d * (k - 1) - p + op]  # constant_pad_nd order: last axis first
+    x = _constant_pad(ctx, x, pads)
+    wt = P.permute(P.reshape(w, (groups, cin_g, cout_g, *ks)), [0, 2, 1, *range(3, 3 + nd)])
+    wt = g.movement(wt, lambda v: v.flip(list(range(3, 3 + nd))))
+    wt = P.reshape(wt, (groups * cout_g, cin_g, *ks))
+    return _convolution(ctx, x, wt, bias, [1] * nd, [0] * nd, dilation, False, [0] * nd, groups)
+
+
+def _place_every(x: Node, axis: int, step: int) -> Node:
+    """x with step - 1 zeros between neighbours along axis: length (n - 1) * step + 1."""
+    n = as_int(x.shape[axis])
+    if n is None:
+        raise NotImplementedError("strided transposed convolution over a symbolic size")
+    return _place(x, axis, 0, step, (n - 1) * step + 1)
 
 
 def _padded_contiguous(x: Node, pads: Sequence[tuple[int, int]], fill: float) -> Node:
