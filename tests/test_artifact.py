@@ -77,6 +77,7 @@ LOAD_WITHOUT_TORCH = textwrap.dedent("""
     model = eclat.load(sys.argv[1])
     seconds = time.perf_counter() - start
     outs = model(np.load(sys.argv[2]))
+    outs = outs if isinstance(outs, list) else [outs]
     np.savez(sys.argv[3], *outs)
     print(json.dumps({"seconds": seconds, "artifact": model.report()["artifact"],
                       "types": [type(o).__name__ for o in outs],
@@ -180,6 +181,26 @@ def test_missing_file_and_unsaveable_targets(tmp_path, saved):
     with pytest.raises(ArtifactError, match="not supported yet"):
         save_artifact(model, str(tmp_path / "x.eclat"))
     assert not (tmp_path / "x.eclat").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "cnn", "llama", "hf_gpt2"])
+def test_zoo_round_trip_without_torch(name, tmp_path):
+    from tests.zoo import ZOO
+
+    model, inputs = ZOO[name]()
+    compiled = eclat.compile(model, inputs, autotune="none", k=1, quiet=True)
+    path = str(tmp_path / f"{name}.eclat")
+    compiled.save(path)
+    np.save(tmp_path / "x.npy", inputs[0].numpy())
+    with torch.no_grad():
+        want = model(*inputs)
+    want = want["logits"] if hasattr(want, "keys") else want
+    argv = [sys.executable, "-c", LOAD_WITHOUT_TORCH, path, str(tmp_path / "x.npy"), str(tmp_path / "o.npz")]
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["artifact"]["loaded_from"] == "object"
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["arr_0"], want.numpy(), rtol=1e-3, atol=1e-4)
 
 
 def _opencl_device() -> bool:
