@@ -22,6 +22,7 @@ from eclat.frontend.ops import LOWERINGS
 from eclat.ir import graph as g
 from eclat.ir.graph import Graph
 from eclat.ir.interpreter import run
+from eclat.ir.symbolic import Var
 
 aten = torch.ops.aten
 CONV = aten.convolution.default
@@ -235,6 +236,11 @@ CASES: list[Case] = [
     C(aten.cumsum.default, X, 1), C(aten.cumsum.default, rn(2, 3, 4), 0, _name="first"),
     C(aten.cumsum.default, I34, -1, _name="int"), C(aten.cumsum.default, rb(5), 0, _name="bool"),
     C(aten.cumsum.default, X, 1, dtype=torch.float32, _name="dtype"),
+    C(aten.sort.default, rn(3, 5)), C(aten.sort.default, rn(4, 3), 0, True, _name="descending"),
+    C(aten.sort.stable, torch.tensor([3, 1, 2, 1, 3, 0]), stable=True, _name="int-ties"),
+    C(aten.sort.stable, NC(rn(5, 3)), stable=True, dim=0, descending=True, _name="nc"),
+    C(aten.topk.default, rn(3, 6), 2), C(aten.topk.default, rn(6, 3), 3, 0, False, _name="smallest"),
+    C(aten.topk.default, X, 1, -1, True, True, _name="argmax-like"),
     # linear algebra
     C(aten.mm.default, rn(3, 5), rn(5, 4)), C(aten.mm.default, NC(rn(3, 5)), NC(rn(5, 4)), _name="noncontig"),
     C(aten.mm.default, rn(1, 5), rn(5, 1), _name="size1"),
@@ -402,12 +408,24 @@ def test_python_level_nodes() -> None:
     table = {operator.add: 7, operator.sub: 3, operator.mul: 10, operator.floordiv: 2, operator.mod: 1}
     for op, want in table.items():
         assert LOWERINGS[op](ctx, 5, 2) == want
+    assert LOWERINGS[operator.neg](ctx, 5) == -5
+    n = Var("n", 1, 64)
+    cmps = {operator.lt: np.less, operator.le: np.less_equal, operator.gt: np.greater,
+            operator.ge: np.greater_equal, operator.eq: np.equal, operator.ne: np.not_equal}
+    for op, numpy_op in cmps.items():
+        assert LOWERINGS[op](ctx, 3, 4) == numpy_op(3, 4)
+        node = LOWERINGS[op](ctx, n * 2, 6)  # symbolic: a 0-dim bool tensor of the comparison
+        for value in (2, 3, 4):
+            graph = Graph([g.input_("x", (n,))], [node], {})
+            assert bool(run(graph, [np.zeros(value, np.float32)])[0]) == numpy_op(2 * value, 6)
 
 
-# Entries whose test is elsewhere: symbolic sizes need torch.export (tests/test_frontend_models.py)
+# Entries tested above by hand (assertions, Python-level nodes) and through torch.export in
+# tests/test_frontend_models.py (symbolic sizes)
 TESTED_ELSEWHERE = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
                     aten.sym_constrain_range_for_size.default, operator.getitem, aten.sym_size.int,
-                    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod}
+                    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg,
+                    operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne}
 
 
 def test_every_table_entry_has_a_test() -> None:

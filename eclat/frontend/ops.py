@@ -284,6 +284,52 @@ def _cumsum(ctx: Ctx, x: Node, dim: int, *, dtype: Any = None) -> Node:
     return P.permute(out, inverse)
 
 
+def _ranked(x: Node, dim: int, count: sint | None, descending: bool) -> tuple[Node, Node]:
+    """The first `count` (all when None) elements of x along dim in sorted order, and their
+    indices: each element's rank is how many others come before it (ties keep index order),
+    and output k picks the element of rank k. NaNs are not ordered as torch orders them."""
+    nd = len(x.shape)
+    axis = _axis(dim, nd)
+    order = [k for k in range(nd) if k != axis] + [axis]
+    last = P.permute(x, order) if nd else P.reshape(x, (1,))
+    n = last.shape[-1]
+    lead = last.shape[:-1]
+    square = (*lead, n, n)  # [..., i, j]
+    xi = g.expand_to(P.reshape(last, (*lead, n, 1)), square)
+    xj = g.expand_to(P.reshape(last, (*lead, 1, n)), square)
+    i = g.expand_to(P.reshape(g.iota(n, DType.int64), (n, 1)), square)
+    j = g.expand_to(g.iota(n, DType.int64), square)
+    ahead = P.lt(xi, xj) if descending else P.lt(xj, xi)
+    before = P.logical_or(ahead, P.logical_and(P.eq(xj, xi), P.lt(j, i)))
+    rank = g.reduce("sum", g.cast(before, DType.int64), len(square) - 1)  # [..., i]
+    k = n if count is None else count
+    pick = (*lead, k, n)  # [..., k, i]
+    hit = P.eq(g.expand_to(P.reshape(g.iota(k, DType.int64), (k, 1)), pick),
+               g.expand_to(P.reshape(rank, (*lead, 1, n)), pick))
+    src = g.expand_to(P.reshape(last, (*lead, 1, n)), pick)
+    values = g.reduce("sum", P.where(hit, src, P.lift(0, x.dtype)), len(pick) - 1)
+    index = g.expand_to(g.iota(n, DType.int64), pick)
+    indices = g.reduce("sum", P.where(hit, index, P.lift(0, DType.int64)), len(pick) - 1)
+    if not nd:
+        return P.reshape(values, ()), P.reshape(indices, ())
+    back = _inverse(order)
+    return P.permute(values, back), P.permute(indices, back)
+
+
+def _sort(ctx: Ctx, x: Node, dim: int = -1, descending: bool = False) -> tuple[Node, Node]:
+    return _ranked(x, dim, None, descending)
+
+
+def _sort_stable(ctx: Ctx, x: Node, *, stable: bool | None = None, dim: int = -1,
+                 descending: bool = False) -> tuple[Node, Node]:
+    return _ranked(x, dim, None, descending)
+
+
+def _topk(ctx: Ctx, x: Node, k: sint, dim: int = -1, largest: bool = True, sorted: bool = True
+          ) -> tuple[Node, Node]:
+    return _ranked(x, dim, k, largest)
+
+
 # --- linear algebra ---------------------------------------------------------------------------
 
 def _mm(ctx: Ctx, a: Node, b: Node) -> Node:
@@ -889,6 +935,17 @@ def _sym_binary(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
     return lambda ctx, a, b: fn(a, b)
 
 
+def _sym_compare(python: Callable[[int, int], bool], tensor: Callable[[Value, Value], Node]
+                 ) -> Callable[..., Any]:
+    """A comparison of sizes: a Python bool when both are known, else a 0-dim bool tensor
+    (runtime shape assertions consume it; eclat does not check them)."""
+    def lower(ctx: Ctx, a: sint, b: sint) -> bool | Node:
+        if as_int(a) is not None and as_int(b) is not None:
+            return python(as_int(a), as_int(b))
+        return tensor(P.size_node(a), P.size_node(b))
+    return lower
+
+
 LOWERINGS: dict[Any, Callable[..., Any]] = {
     # arithmetic
     aten.add.Tensor: _add, aten.add.Scalar: _add,
@@ -963,6 +1020,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.var.correction: _var,
     aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
     aten.cumsum.default: _cumsum,
+    aten.sort.default: _sort, aten.sort.stable: _sort_stable, aten.topk.default: _topk,
     # linear algebra, convolution, pooling, normalisation
     aten.mm.default: _mm, aten.bmm.default: _mm,
     aten.addmm.default: _addmm, aten.baddbmm.default: _addmm,
@@ -1021,5 +1079,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.sym_size.int: _sym_size,
     operator.add: _sym_binary(operator.add), operator.sub: _sym_binary(operator.sub),
     operator.mul: _sym_binary(operator.mul), operator.floordiv: _sym_binary(operator.floordiv),
-    operator.mod: _sym_binary(operator.mod),
+    operator.mod: _sym_binary(operator.mod), operator.neg: lambda ctx, a: -a,
+    operator.lt: _sym_compare(operator.lt, P.lt), operator.le: _sym_compare(operator.le, P.le),
+    operator.gt: _sym_compare(operator.gt, P.gt), operator.ge: _sym_compare(operator.ge, P.ge),
+    operator.eq: _sym_compare(operator.eq, P.eq), operator.ne: _sym_compare(operator.ne, P.ne),
 }
