@@ -414,12 +414,17 @@ def _padded_contiguous(x: Node, pads: Sequence[tuple[int, int]], fill: float) ->
 
 
 def _windows(x: Node, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-             dilation: Sequence[int], outs: Sequence[sint], fill: float) -> Node:
+             dilation: Sequence[int], outs: Sequence[sint], fill: float, ceil_mode: bool = False) -> Node:
     """[*lead, O_1..O_nd, K_1..K_nd] sliding windows over the trailing nd axes of x."""
     nd = len(kernel)
     spatial = x.shape[-nd:]
-    after = []
+    after: list[sint] = []
     for n, k, s, p, d, o in zip(spatial, kernel, stride, padding, dilation, outs):
+        if as_int(n) is None or as_int(o) is None:
+            if ceil_mode:
+                raise NotImplementedError("ceil_mode pooling over symbolic spatial sizes")
+            after.append(p)  # without ceil_mode the windows never read past the padding
+            continue
         need = (as_int(o) - 1) * s + d * (k - 1) + 1  # padded length the windows read
         after.append(max(0, need - as_int(n) - p))
     xp = _padded_contiguous(x, list(zip(padding, after)), fill)
@@ -431,7 +436,7 @@ def _windows(x: Node, kernel: Sequence[int], stride: Sequence[int], padding: Seq
     return g.view(xp, View.make(shape, strides))
 
 
-def _pool_args(x: Node, kernel, stride, padding, dilation=1) -> tuple[list[int], ...]:
+def _pool_args(kernel, stride, padding, dilation=1) -> tuple[list[int], ...]:
     nd = len(kernel)
     as_list = lambda v, default: ([v] * nd if isinstance(v, int) else list(v) or default)
     return (list(kernel), as_list(stride, list(kernel)), as_list(padding, [0] * nd),
@@ -440,17 +445,17 @@ def _pool_args(x: Node, kernel, stride, padding, dilation=1) -> tuple[list[int],
 
 def _max_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, dilation=1, ceil_mode=False
               ) -> tuple[Node, Unavailable]:
-    k, s, p, d = _pool_args(x, kernel, stride, padding, dilation)
-    win = _windows(x, k, s, p, d, ctx.out_shape[-len(k):], -math.inf)
+    k, s, p, d = _pool_args(kernel, stride, padding, dilation)
+    win = _windows(x, k, s, p, d, ctx.out_shape[-len(k):], -math.inf, ceil_mode)
     out = P.reduce("max_reduce", win, list(range(-len(k), 0)))
     return out, Unavailable("max-pooling indices")
 
 
 def _avg_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
               divisor_override=None) -> Node:
-    k, s, p, _ = _pool_args(x, kernel, stride, padding)
+    k, s, p, _ = _pool_args(kernel, stride, padding)
     outs = ctx.out_shape[-len(k):]
-    total = P.reduce("sum", _windows(x, k, s, p, [1] * len(k), outs, 0.0), list(range(-len(k), 0)))
+    total = P.reduce("sum", _windows(x, k, s, p, [1] * len(k), outs, 0.0, ceil_mode), list(range(-len(k), 0)))
     if divisor_override:
         return P.mul(total, 1.0 / divisor_override)
     sizes = [as_int(n) for n in x.shape[-len(k):]]
