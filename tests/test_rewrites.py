@@ -143,10 +143,11 @@ def test_round_trip_several_outputs_and_ops():
 # --- optimize -----------------------------------------------------------------------------
 
 def kernels_and_bytes(graph: Graph) -> tuple[int, int]:
-    """Materialisation points (contiguous, reductions, matmuls; leaves read) and the bytes they move."""
+    """Materialisation points (contiguous, reductions, matmuls, softmax, norms; leaves read) and
+    the bytes they move."""
     k = b = 0
     for n in graph.nodes():
-        if n.op in ("contiguous", "sum", "max_reduce", "matmul", "input", "weight"):
+        if n.op in ("contiguous", "sum", "max_reduce", "matmul", "softmax", "rmsnorm", "input", "weight"):
             size = math.prod(int(d) for d in n.shape) * n.dtype.itemsize
             k += n.op not in ("input", "weight")
             b += size if n.op in ("input", "weight") else 2 * size
