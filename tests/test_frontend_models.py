@@ -96,6 +96,16 @@ def test_symbolic_batch_cnn() -> None:
         _compare(model, graph, (torch.randn(b, *x.shape[1:]),))
 
 
+def test_symbolic_image_size() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1, stride=2), torch.nn.MaxPool2d(2),
+                                torch.nn.ReLU(), torch.nn.AvgPool2d(2, padding=1)).eval()
+    side = torch.export.Dim("side", min=2, max=64)
+    graph = lower(model, (torch.randn(1, 3, 16, 16),), dynamic_shapes=({2: 4 * side, 3: 4 * side},))
+    for s in (8, 20):
+        _compare(model, graph, (torch.randn(1, 3, s, s),))
+
+
 class SizeArithmetic(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         n = x.shape[0]

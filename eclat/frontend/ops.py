@@ -458,6 +458,8 @@ def _avg_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, ceil_mode=False, 
     total = P.reduce("sum", _windows(x, k, s, p, [1] * len(k), outs, 0.0, ceil_mode), list(range(-len(k), 0)))
     if divisor_override:
         return P.mul(total, 1.0 / divisor_override)
+    if not ceil_mode and (count_include_pad or not any(p)):  # every window counts all k elements
+        return P.mul(total, 1.0 / math.prod(k))
     sizes = [as_int(n) for n in x.shape[-len(k):]]
     if None in sizes:
         raise NotImplementedError("average pooling over symbolic spatial sizes")
