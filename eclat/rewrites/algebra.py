@@ -11,6 +11,7 @@ F = {"d": DType.float32, "s": (2, 3)}  # a float32 fill of the example tensors' 
 RULES = RuleSet("algebra", (
     Rule("mul-one", "(Mul x (Fill 1.0 d s))", "x", example=F),
     Rule("add-zero", "(Add x (Fill 0.0 d s))", "x", example=F),
+    Rule("mul-two", "(Mul x (Fill 2.0 d s))", "(Add x x)", example=F),  # exact: no multiply needed
     Rule("neg-neg", "(Neg (Neg x))", "x"),
     Rule("recip-recip", "(Recip (Recip x))", "x"),
     Rule("log2-exp2", "(Log2 (Exp2 x))", "x"),
