@@ -106,6 +106,20 @@ def test_symbolic_image_size() -> None:
         _compare(model, graph, (torch.randn(1, 3, s, s),))
 
 
+class Attention(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        causal = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        masked = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+        return causal + masked
+
+
+def test_scaled_dot_product_attention() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    args = (q, k, v, torch.rand(5, 5) > 0.3)
+    _compare(Attention(), lower(Attention(), args), args)
+
+
 class SizeArithmetic(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         n = x.shape[0]
