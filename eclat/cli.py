@@ -425,10 +425,17 @@ def _model_options(p: argparse.ArgumentParser, tune_default: str = "fast",
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
+def _version() -> str:
+    from eclat.compiler.artifact import eclat_version
+
+    return eclat_version()
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="eclat", description="eclat: an equality-saturation compiler for "
                                  "PyTorch inference.", epilog="A MODEL is FILE.py[:FACTORY]; FACTORY() "
                                  "returns (model, example_inputs) and defaults to make.")
+    ap.add_argument("--version", action="version", version=f"eclat {_version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("compile", help="compile a model to an artifact",

@@ -253,6 +253,13 @@ def _vector_ok(kernel: Kernel, width: int) -> bool:
             and bool(_vector_loads(kernel, width)))
 
 
+def _unit_stride(e: KExpr, var: str) -> bool:
+    """e is a load whose index steps by one element as var does."""
+    if not isinstance(e, Load):
+        return False
+    return [c for c, a in terms(e.index) if isinstance(a, Var) and a.name == var] == [1]
+
+
 # --- rendering ------------------------------------------------------------------------------------
 
 _C_OPS = {"+": "+", "*": "*", "//": "/", "%": "%", "<": "<", "and": "&&"}
@@ -692,9 +699,10 @@ class _Emitter:
         self.open(f"for (int k0 = 0; k0 < {kk}; k0 += {tk})")
         for (operand, width, size, var, tile_id, dst) in ((c.a, tm, m, m_var, "tm_", a_s),
                                                            (c.b, tn, n, n_var, "tn_", b_s)):
-            # consecutive threads take consecutive k for a, consecutive columns for b
+            # consecutive threads read consecutive addresses: along k where the operand is
+            # unit-stride in k (a row-major a, a transposed weight b), else along m or n
             self.open(f"for (int q = lid; q < {tk * width}; q += {t})")
-            if dst == a_s:
+            if _unit_stride(operand, rv):
                 self.line(f"const int kk = q % {tk}, mm = q / {tk};")
             else:
                 self.line(f"const int kk = q / {width}, mm = q % {width};")

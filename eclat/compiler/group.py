@@ -43,6 +43,7 @@ from .kernel import (
     children,
     default_schedule,
     free_vars,
+    walk,
 )
 
 SHARE_COST = 12  # recompute a shared elementwise value below this many operations
@@ -269,18 +270,28 @@ class _Grouping:
 
     # --- materialisation decisions -----------------------------------------------------------
     def offenders(self) -> set[int]:
-        """Graph nodes to materialise next: the outermost redundant or costly shared values."""
+        """Graph nodes to materialise next: the outermost redundant values, and costly
+        shared ones (see below)."""
         shared = {nid for nid, occ in self.occurrences.items() if len(occ) > 1}
-        out: set[int] = set()
+        redundant: set[int] = set()
+        hits: dict[int, KExpr] = {}
         sizes: dict[str, int] = {}
         for k in self.kernels:
             sizes.update({f"i{a}": d for a, d in enumerate(k.shape)})
             self._offenders(k.body, tuple(f"i{a}" for a in range(len(k.shape))), False,
-                            sizes, shared, out, set(), {})
-        return out
+                            sizes, shared, redundant, hits, set(), {})
+        # a shared value whose user is evaluated at least as often goes with that user; of
+        # the rest, materialise the innermost first (their users then cost less)
+        count = {nid: len(self.occurrences[nid]) for nid in hits}
+        inside = {nid: {id(y) for y in walk(kx)} - {id(kx)} for nid, kx in hits.items()}
+        kept = {nid for nid, kx in hits.items()
+                if not any(id(kx) in inside[o] and count[o] >= count[nid] for o in hits if o != nid)}
+        inner = {nid for nid in kept if not any(id(hits[o]) in inside[nid] for o in kept if o != nid)}
+        return redundant | inner
 
     def _offenders(self, x: KExpr, loops: tuple[str, ...], in_reduce: bool, sizes: dict[str, int],
-                   shared: set[int], out: set[int], seen: set, fv_memo: dict) -> None:
+                   shared: set[int], redundant: set[int], hits: dict[int, KExpr], seen: set,
+                   fv_memo: dict) -> None:
         if (x, loops) in seen:
             return
         seen.add((x, loops))
@@ -290,16 +301,19 @@ class _Grouping:
         if n is not None and id(n) not in self.buf_of:
             factor = math.prod(sizes[v] for v in loops[:deepest] if v not in fv)
             costly = isinstance(x, Reduce) or _cost(x) >= SHARE_COST
-            if (factor > 1 and (in_reduce or costly)) or (id(n) in shared and costly):
-                out.add(id(n))
+            if factor > 1 and (in_reduce or costly):
+                redundant.add(id(n))
                 return
+            if id(n) in shared and costly:
+                hits.setdefault(id(n), x)
+        args = (sizes, shared, redundant, hits, seen, fv_memo)
         if isinstance(x, Reduce):
             sizes[x.var.name] = x.size
             hoisted = loops[:deepest + 1]  # a reduce runs where its last variable is bound
-            self._offenders(x.body, hoisted + (x.var.name,), True, sizes, shared, out, seen, fv_memo)
+            self._offenders(x.body, hoisted + (x.var.name,), True, *args)
         else:
             for c in children(x):
-                self._offenders(c, loops, in_reduce, sizes, shared, out, seen, fv_memo)
+                self._offenders(c, loops, in_reduce, *args)
 
     def program(self) -> Program:
         for k in self.kernels:

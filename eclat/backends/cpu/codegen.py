@@ -105,11 +105,20 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module
 
 def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[str],
            kernel_args: list[list[str]], outer: list[int], parallel: set[str], threads: int) -> None:
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), "eclat_run")
+    """eclat_run calls every kernel in order; eclat_kernel_<j> calls kernel j alone (profiling)."""
+    calls = list(zip(program.kernels, kernel_args, outer))
+    _caller(mod, "eclat_run", calls, plan, slot_names, parallel, threads)
+    for j, call in enumerate(calls):
+        _caller(mod, f"eclat_kernel_{j}", [call], plan, slot_names, parallel, threads)
+
+
+def _caller(mod: ir.Module, name: str, calls: list[tuple[Kernel, list[str], int]], plan: MemoryPlan,
+            slot_names: list[str], parallel: set[str], threads: int) -> None:
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     slot = {name: j for j, name in enumerate(slot_names)}
-    pool = None
-    if parallel:
+    pool = mod.globals.get("eclat_parallel")
+    if parallel and pool is None:
         pool = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I32]), "eclat_parallel")
     ptrs: dict[str, ir.Value] = {}
 
@@ -122,7 +131,7 @@ def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[
                 ptrs[name] = b.gep(arena, [_i64(plan.offsets[name])], source_etype=I8)
         return ptrs[name]
 
-    for k, names, n in zip(program.kernels, kernel_args, outer):
+    for k, names, n in calls:
         if n == 0:
             continue
         args = b.alloca(PTR, size=max(len(names), 1))
@@ -565,9 +574,12 @@ def _store(b: ir.IRBuilder, v: ir.Value, ptr: ir.Value) -> None:
     b._insert(st)
 
 
+def _suffix(ty: ir.Type) -> str:
+    return f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else ("f16" if ty == F16 else "f32")
+
+
 def _intrinsic(mod: ir.Module, base: str, ty: ir.Type, arity: int = 1) -> ir.Function:
-    suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else ("f16" if ty == F16 else "f32")
-    name = f"{base}.{suffix}"
+    name = f"{base}.{_suffix(ty)}"
     fn = mod.globals.get(name)
     if fn is None:
         fn = ir.Function(mod, ir.FunctionType(ty, [ty] * arity), name)
@@ -608,9 +620,12 @@ def binary(b: ir.IRBuilder, op: str, args: list[ir.Value], dt: DType) -> ir.Valu
             return _fast(b.fmul(x, y))
         if op == "mod":
             return b.frem(x, y)
-        if op == "max":  # NaN-propagating, like numpy
-            t = b.select(b.fcmp_unordered(">", x, y), x, y)
-            return b.select(b.fcmp_unordered("uno", y, y), y, t)
+        if op == "max":  # NaN-propagating, like numpy; the intrinsic keeps reductions vectorisable
+            fn = b.module.globals.get(f"llvm.maximum.{_suffix(x.type)}")
+            if fn is None:
+                fn = ir.Function(b.module, ir.FunctionType(x.type, [x.type, x.type]),
+                                 f"llvm.maximum.{_suffix(x.type)}")
+            return b.call(fn, [x, y])
     else:
         if op == "add":
             return b.add(x, y)
