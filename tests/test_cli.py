@@ -155,6 +155,12 @@ def test_every_command_has_help(argv, capsys):
     assert e.value.code == 0 and f"usage: eclat {' '.join(argv)}" in capsys.readouterr().out
 
 
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("eclat ")
+
+
 def test_module_entry_point():
     r = subprocess.run([sys.executable, "-m", "eclat.cli", "--help"], capture_output=True, text=True,
                        cwd=ROOT, timeout=60)
