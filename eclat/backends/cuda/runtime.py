@@ -41,6 +41,15 @@ def driver() -> tuple[Any, Any]:
     return _STATE["cuda"], _STATE["device"]
 
 
+def available() -> bool:
+    """Whether this machine can run CUDA kernels (pycuda and a device)."""
+    try:
+        driver()
+    except EclatError:
+        return False
+    return True
+
+
 class CudaExecutable:
     def __init__(self, program: Program, schedules: dict[str, GpuSchedule] | None = None):
         self.program = program
