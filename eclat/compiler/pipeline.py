@@ -82,8 +82,17 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     if best is None:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors))
     seconds, exe, program = best
+    counts = {"hits": 0, "misses": 0}
+    if autotune != "none" and device is not None and hasattr(exe, "profile"):
+        exe, counts = _tuned(program, backend, device, autotune, threads, cache_dir, arrays, reference, exe)
+    measured = exe.profile([np.ascontiguousarray(a) for a in arrays]) if autotune != "none" and hasattr(
+        exe, "profile") else None
     specs = [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype) for n in graph.inputs]
     report = _report(target, threads, device, egraph, len(candidates), timed, program, exe, start, errors)
+    report["tuning_cache"] = counts
+    if measured is not None:
+        for row, us in zip(report["kernels"], measured):
+            row["measured_us"] = round(us, 3)
     return CompiledModel(exe, specs, graph.out_spec, report)
 
 
@@ -94,6 +103,28 @@ def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:
         return [graph], {}
     opt = optimize(graph, target, k)
     return (opt.candidates or [graph]), dict(opt.stats)
+
+
+def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int, cache_dir: str | None,
+           arrays: list[np.ndarray], reference: list[np.ndarray] | None, exe: Any) -> tuple[Any, dict]:
+    """Tune the chosen program's schedules; keep the untuned build if the tuned one fails."""
+    from ..autotune import TuningDB
+    from .tune import tune
+
+    db = TuningDB(cache=cache_dir, on_error="warn")
+    try:
+        tune(program, backend, device, db, mode, threads)
+        counts = {"hits": db.hits, "misses": db.misses}
+    finally:
+        db.close()
+    try:
+        tuned = backend.compile(program, threads)
+        outs = tuned.run([np.ascontiguousarray(a) for a in arrays])
+        if reference is not None:
+            _verify(outs, reference)
+    except Exception:  # never a fast wrong answer: fall back to the verified default schedules
+        return exe, counts
+    return tuned, counts
 
 
 def _reference_graph(graph: Graph, candidates: list[Graph]) -> Graph:
