@@ -86,3 +86,21 @@ def test_bad_options():
         eclat.compile(model, inputs, threads=0)
     with pytest.raises(eclat.EclatError, match="no backend"):
         eclat.compile(model, inputs, target="tpu", autotune="none")
+
+
+def test_autotune_fills_the_tuning_cache(tmp_path):
+    model, inputs = ZOO["mlp"](batch=8)
+    first = eclat.compile(model, inputs, autotune="fast", k=1, cache_dir=str(tmp_path), quiet=True)
+    second = eclat.compile(model, inputs, autotune="fast", k=1, cache_dir=str(tmp_path), quiet=True)
+    assert first.report()["tuning_cache"]["misses"] >= 1
+    assert second.report()["tuning_cache"] == {"hits": first.report()["tuning_cache"]["misses"], "misses": 0}
+    assert all(k["measured_us"] is not None for k in second.report()["kernels"])
+    with torch.no_grad():
+        torch.testing.assert_close(second(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
+
+
+def test_threads_give_the_same_answer():
+    model, inputs = ZOO["mlp"](batch=64)
+    fast = eclat.compile(model, inputs, autotune="none", k=1, threads=2, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
