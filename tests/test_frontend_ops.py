@@ -25,7 +25,7 @@ from eclat.ir.interpreter import run
 from eclat.ir.symbolic import Var
 
 aten = torch.ops.aten
-CONV = aten.convolution.default
+CONV, NORM = aten.convolution.default, aten.linalg_vector_norm.default
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -186,6 +186,9 @@ CASES: list[Case] = [
     C(aten.tanh.default, torch.cat([X.flatten() * 5, torch.tensor([0.0, 1e-6, 50.0, -50.0, 1e4, -1e4])])),
     C(aten.sigmoid.default, torch.cat([X.flatten() * 5, torch.tensor([100.0, -100.0, 1e30, -1e30])])),
     C(aten.erf.default, torch.cat([torch.linspace(-6, 6, 1201), SPECIAL])),
+    C(aten.isnan.default, SPECIAL), C(aten.isnan.default, I34, _name="int"),
+    C(aten.isinf.default, SPECIAL), C(aten.isinf.default, I34, _name="int"),
+    C(aten.nan_to_num.default, SPECIAL), C(aten.nan_to_num.default, SPECIAL, 1.0, 2.0, -3.0, _name="values"),
     # activations
     C(aten.relu.default, X), C(aten.relu.default, I34, _name="int"),
     C(aten.gelu.default, torch.linspace(-8, 8, 801)), C(aten.gelu.default, torch.linspace(-8, 8, 801),
@@ -230,6 +233,12 @@ CASES: list[Case] = [
     C(aten.var.correction, X, [1]), C(aten.var.correction, rn(2, 3, 4), [0, 2], correction=0, keepdim=True,
                                       _name="biased-keepdim"),
     C(aten.var.correction, X, None, _name="all"),
+    C(aten.var_mean.correction, rn(2, 3, 4), [1, 2], correction=0, keepdim=True),
+    C(NORM, X), C(NORM, rn(2, 3, 4), 1, [-1], True, _name="l1"),
+    *[C(NORM, X, p, [0], _name=f"ord{p}") for p in (math.inf, -math.inf, 0, 3, 0.5)],
+    C(aten.prod.dim_int, rn(3, 5), 1), C(aten.prod.dim_int, rn(4, 3, 2), 0, True, _name="keepdim"),
+    C(aten.prod.dim_int, I34, -1, _name="int"), C(aten.prod.dim_int, rn(2, 0), 1, _name="empty"),
+    C(aten.prod.default, pos(2, 3) + 0.5), C(aten.prod.default, rb(3), dtype=torch.int64, _name="bool"),
     C(aten._softmax.default, X * 10, -1, False), C(aten._softmax.default, rn(2, 3, 4), 1, False, _name="mid"),
     C(aten._softmax.default, torch.tensor([[0.0, -math.inf, 1.0]]), -1, False, _name="masked"),
     C(aten._log_softmax.default, X * 10, -1, False), C(aten._log_softmax.default, NC(rn(4, 3)), 0, False),
@@ -324,6 +333,9 @@ CASES: list[Case] = [
     C(aten.upsample_nearest2d.vec, rn(1, 2, 3, 4), None, [2.0, 3.0]),
     C(aten.upsample_nearest2d.vec, rn(1, 2, 3, 5), [7, 4], None, _name="sizes"),
     C(aten.upsample_nearest2d.default, rn(1, 2, 3, 4), [6, 9]),
+    C(aten.upsample_bilinear2d.vec, rn(1, 2, 3, 4), None, False, [2.0, 2.0]),
+    C(aten.upsample_bilinear2d.vec, rn(1, 2, 3, 4), [7, 5], True, None, _name="align-corners"),
+    C(aten.upsample_bilinear2d.vec, rn(2, 1, 5, 6), [3, 4], False, None, _name="down"),
     C(aten.upsample_nearest2d.default, rn(1, 2, 3, 4), [7, 10], 2.5, 2.5, _name="scales"),
     C(aten.triu.default, rn(4, 5), 1), C(aten.triu.default, rn(2, 4, 4), -1, _name="batched"),
     C(aten.tril.default, rn(4, 5)), C(aten.tril.default, I34, 2, _name="int"),
@@ -396,7 +408,8 @@ def test_pooling_indices_are_unavailable() -> None:
 
 
 @pytest.mark.parametrize("op", [aten._assert_tensor_metadata.default, aten._assert_scalar.default,
-                                aten.sym_constrain_range_for_size.default])
+                                aten.sym_constrain_range_for_size.default, aten._assert_async.default,
+                                aten._assert_async.msg])
 def test_assertions_lower_to_nothing(op: Any) -> None:
     assert LOWERINGS[op](Ctx({}), g.input_("x", (2,)), "message") is None
 
@@ -423,6 +436,7 @@ def test_python_level_nodes() -> None:
 # Entries tested above by hand (assertions, Python-level nodes) and through torch.export in
 # tests/test_frontend_models.py (symbolic sizes)
 TESTED_ELSEWHERE = {aten._assert_tensor_metadata.default, aten._assert_scalar.default,
+                    aten._assert_async.default, aten._assert_async.msg,
                     aten.sym_constrain_range_for_size.default, operator.getitem, aten.sym_size.int,
                     operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg,
                     operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne}

@@ -154,6 +154,16 @@ def _elu(ctx: Ctx, x: Node, alpha: float = 1.0, scale: float = 1.0, input_scale:
     return P.where(P.lt(0.0, x), P.mul(x, scale), neg_part)
 
 
+def _nan_to_num(ctx: Ctx, x: Node, nan: float | None = None, posinf: float | None = None,
+                neginf: float | None = None) -> Node:
+    if not x.dtype.is_float:
+        return x
+    big = float(np.finfo(x.dtype.np).max)
+    out = P.where(P.isnan(x), 0.0 if nan is None else nan, x)
+    out = P.where(P.eq(x, math.inf), big if posinf is None else posinf, out)
+    return P.where(P.eq(x, -math.inf), -big if neginf is None else neginf, out)
+
+
 def _bool_op(fn: Callable[[Value, Value], Node]) -> Callable[..., Node]:
     def lower(ctx: Ctx, a: Value, b: Value) -> Node:
         if ctx.out_dtype is not DType.bool:
@@ -255,6 +265,56 @@ def _var(ctx: Ctx, x: Node, dim: Any = None, *, correction: float | None = None,
         raise NotImplementedError("variance over a symbolic number of elements")
     dof = max(0, as_int(n) - (1 if correction is None else correction))
     return P.mul(P.reduce("sum", P.mul(d, d), axes, keepdim), 1 / dof if dof else math.nan)
+
+
+def _var_mean(ctx: Ctx, x: Node, dim: Any = None, *, correction: float | None = None,
+              keepdim: bool = False) -> tuple[Node, Node]:
+    axes = _dims(dim, len(x.shape))
+    return _var(ctx, x, dim, correction=correction, keepdim=keepdim), P.mean(P.to_float(x), axes, keepdim)
+
+
+def _vector_norm(ctx: Ctx, x: Node, ord: float = 2, dim: Any = None, keepdim: bool = False, *,
+                 dtype: Any = None) -> Node:
+    axes = _dims(dim, len(x.shape))
+    a = P.abs_(g.cast(x, ctx.out_dtype))
+    if ord in (math.inf, -math.inf):
+        return P.reduce("max_reduce", a, axes, keepdim) if ord > 0 else _min_reduce(a, axes, keepdim)
+    if ord == 0:
+        return P.reduce("sum", g.cast(P.ne(a, 0.0), a.dtype), axes, keepdim)
+    if ord == 1:
+        return P.reduce("sum", a, axes, keepdim)
+    if ord == 2:
+        return P.sqrt(P.reduce("sum", P.mul(a, a), axes, keepdim))
+    powered = g.unary("exp2", P.mul(g.unary("log2", a), float(ord)))
+    return g.unary("exp2", P.mul(g.unary("log2", P.reduce("sum", powered, axes, keepdim)), 1 / ord))
+
+
+def _prod(ctx: Ctx, x: Node, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    """Product along dim by halving: multiply the two halves until one element is left."""
+    x = g.cast(x, ctx.out_dtype)
+    if dim is None:
+        out = _prod(ctx, P.reshape(x, (prod(x.shape),)), 0)
+        return P.reshape(out, (1,) * len(x.shape)) if keepdim else out
+    axis = _axis(dim, len(x.shape))
+    order = [k for k in range(len(x.shape)) if k != axis] + [axis]
+    last = P.permute(x, order) if x.shape else P.reshape(x, (1,))
+    n = as_int(last.shape[-1])
+    if n is None:
+        raise NotImplementedError("product over a symbolic size")
+    if n == 0:
+        return _out(ctx, 1)
+    while n > 1:
+        if n % 2:  # one more factor of 1
+            last = _constant_pad(ctx, last, [0, 1], 1)
+            n += 1
+        half = n // 2
+        last = P.mul(g.movement(last, lambda v, h=half: v.slice(-1, 0, h)),
+                     g.movement(last, lambda v, h=half: v.slice(-1, h, 2 * h)))
+        n = half
+    out = P.reshape(last, last.shape[:-1])
+    if keepdim:
+        out = P.reshape(out, tuple(1 if k == axis else d for k, d in enumerate(x.shape)))
+    return out
 
 
 def _softmax(ctx: Ctx, x: Node, dim: int, half_to_float: bool = False) -> Node:
@@ -645,6 +705,31 @@ def _upsample_nearest(ctx: Ctx, x: Node, output_size: Sequence[int] | None = Non
     return out
 
 
+def _upsample_bilinear(ctx: Ctx, x: Node, output_size: Sequence[int] | None, align_corners: bool,
+                       scale_factors: Sequence[float] | None = None) -> Node:
+    """Bilinear upsampling, one axis at a time: output i blends the two inputs around its
+    source coordinate (torch's half-pixel rule, or corner to corner with align_corners)."""
+    out = x
+    for k in range(len(ctx.out_shape) - 2):
+        axis = 2 + k
+        n, o = as_int(x.shape[axis]), as_int(ctx.out_shape[axis])
+        if n is None or o is None:
+            raise NotImplementedError("upsampling with symbolic sizes")
+        dst = np.arange(o, dtype=np.float32)
+        if align_corners:
+            src = dst * np.float32((n - 1) / (o - 1) if o > 1 else 0.0)
+        else:
+            scale = np.float32(1 / scale_factors[k] if scale_factors else n / o)
+            src = np.maximum((dst + np.float32(0.5)) * scale - np.float32(0.5), 0)
+        lo = np.minimum(np.floor(src), n - 1).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        frac = (src - lo).astype(np.float32).reshape((o,) + (1,) * (len(x.shape) - axis - 1))
+        near, far = (_index(ctx, out, [None] * axis + [ctx.constant(i)]) for i in (lo, hi))
+        w = g.expand_to(ctx.constant(frac), near.shape)
+        out = P.add(P.mul(near, P.sub(1.0, w)), P.mul(far, w))
+    return out
+
+
 def _place(x: Node, axis: int, start: int, step: int, n: int) -> Node:
     """A view of length n along axis holding x's elements at start, start + step, ...
     and zeros elsewhere (the inverse of a strided slice)."""
@@ -991,6 +1076,10 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.tanh.default: _float_unary(P.tanh),
     aten.sigmoid.default: _float_unary(P.sigmoid),
     aten.erf.default: _float_unary(P.erf),
+    aten.isnan.default: lambda ctx, x: P.isnan(x) if x.dtype.is_float else _out(ctx, False),
+    aten.isinf.default: lambda ctx, x: (P.logical_or(P.eq(x, math.inf), P.eq(x, -math.inf))
+                                        if x.dtype.is_float else _out(ctx, False)),
+    aten.nan_to_num.default: _nan_to_num,
     # activations
     aten.relu.default: lambda ctx, x: P.maximum(x, P.lift(0, x.dtype)),
     aten.gelu.default: lambda ctx, x, approximate="none": _out(ctx, P.gelu(x, approximate)),
@@ -1024,7 +1113,9 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.argmax.default: _argmax, aten.argmin.default: _argmin,
     aten.any.default: _any, aten.any.dim: _any, aten.any.dims: _any,
     aten.all.default: _all, aten.all.dim: _all, aten.all.dims: _all,
-    aten.var.correction: _var,
+    aten.var.correction: _var, aten.var_mean.correction: _var_mean,
+    aten.linalg_vector_norm.default: _vector_norm,
+    aten.prod.default: _prod, aten.prod.dim_int: _prod,
     aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
     aten.cumsum.default: _cumsum,
     aten.sort.default: _sort, aten.sort.stable: _sort_stable, aten.topk.default: _topk,
@@ -1057,7 +1148,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.constant_pad_nd.default: _constant_pad,
     aten.slice_scatter.default: _slice_scatter, aten.select_scatter.default: _select_scatter,
     aten.copy.default: lambda ctx, x, src, non_blocking=False: _out(ctx, src),
-    aten.upsample_nearest2d.vec: _upsample_nearest,
+    aten.upsample_nearest2d.vec: _upsample_nearest, aten.upsample_bilinear2d.vec: _upsample_bilinear,
     aten.upsample_nearest2d.default: lambda ctx, x, size, sh=None, sw=None: _upsample_nearest(
         ctx, x, size, [sh, sw] if sh and sw else None),
     aten.triu.default: _tri(False), aten.tril.default: _tri(True),
@@ -1080,6 +1171,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.clone.default: _identity, aten.alias.default: _identity, aten.detach.default: _identity,
     aten.lift_fresh_copy.default: _identity, aten.contiguous.default: _identity,
     aten._assert_tensor_metadata.default: _nothing, aten._assert_scalar.default: _nothing,
+    aten._assert_async.default: _nothing, aten._assert_async.msg: _nothing,
     aten.sym_constrain_range_for_size.default: _nothing,
     # Python-level nodes: tuple items and size arithmetic
     operator.getitem: lambda ctx, xs, k: xs[k],
