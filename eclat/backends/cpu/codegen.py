@@ -54,6 +54,7 @@ FAST = ("reassoc", "nsz", "contract")
 KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
 PARALLEL_MIN_FLOPS = 200_000  # below this, waking threads costs more than it saves
 VECTOR = 8  # float32 lanes of an AVX2 register
+INTERLEAVE = 4  # vectors in flight in vectorised inner loops
 
 _REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F16,
         DType.int32: I32, DType.int64: I64, DType.bool: I1}
@@ -166,6 +167,8 @@ class _KernelEmitter:
         self.ptr = {n: self.b.load(self.b.gep(self.fn.args[0], [_i64(j)], source_etype=PTR), typ=PTR)
                     for j, n in enumerate(names)}
         self.fv_memo: dict = {}
+        self._nested = False
+        self.inner_loops = self.contraction is None  # the micro-kernel is interleaved by hand
         if self.contraction is not None:
             self.outer = self._contraction()
         else:
@@ -219,12 +222,16 @@ class _KernelEmitter:
             p.add_incoming(v, pre)
             phis.append(p)
         self.push()
+        self._nested = False
         new = body(i, list(phis))
         self.pop()
         latch = b.block
         nxt = b.add(i, _i64(1))
         nxt.flags.append("nsw")
-        b.cbranch(b.icmp_signed("<", nxt, stop), header, exit_)
+        br = b.cbranch(b.icmp_signed("<", nxt, stop), header, exit_)
+        if self.inner_loops and not self._nested:
+            br.set_metadata("llvm.loop", _loop_hint(self.mod, self.k.schedule.unroll))
+        self._nested = True
         i.add_incoming(nxt, latch)
         for p, v in zip(phis, new):
             p.add_incoming(v, latch)
@@ -566,6 +573,20 @@ class _KernelEmitter:
 
 
 # --- scalar helpers ----------------------------------------------------------------------------
+
+LOOP_HINT = "eclat.loop.hint"  # Jitted turns this into a distinct self-referencing loop id
+
+
+def _loop_hint(mod: ir.Module, unroll: int) -> ir.Value:
+    """Loop metadata asking the vectoriser to interleave several vectors (hides fma latency)."""
+    count = max(unroll, INTERLEAVE)
+    key = f"{LOOP_HINT}.{count}"
+    if key not in mod.namedmetadata:
+        name = ir.MetaDataString(mod, "llvm.loop.interleave.count")
+        opt = mod.add_metadata([name, ir.Constant(I32, count)])
+        mod.add_named_metadata(key, mod.add_metadata([ir.MetaDataString(mod, LOOP_HINT), opt]))
+    return mod.get_named_metadata(key).operands[0]
+
 
 def _store(b: ir.IRBuilder, v: ir.Value, ptr: ir.Value) -> None:
     """A store through a pointer llvmlite types as float* (the IR's pointers are opaque)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 import llvmlite.binding as llvm
@@ -39,6 +40,14 @@ def threads_available() -> bool:
     return pool_address() is not None
 
 
+def _loop_ids(text: str) -> str:
+    """llvmlite cannot write self-referencing metadata: make each loop hint node
+    `!n = !{!"eclat.loop.hint", !m}` into the loop id `!n = distinct !{!n, !m}`."""
+    text = re.sub(r'^(!\d+) = !\{ ?!"eclat\.loop\.hint", (!\d+) ?\}$', r"\1 = distinct !{\1, \2}", text,
+                  flags=re.M)
+    return re.sub(r'^!eclat\.loop\.hint\.\d+ = !\{[^}]*\}$', "", text, flags=re.M)
+
+
 class Jitted:
     """A compiled module; keeps the engine alive for as long as its code is used."""
 
@@ -46,11 +55,12 @@ class Jitted:
         tm = target_machine()
         module.triple = llvm.get_process_triple()
         module.data_layout = str(tm.target_data)
-        mod = llvm.parse_assembly(str(module))
+        mod = llvm.parse_assembly(_loop_ids(str(module)))
         mod.verify()
         pto = llvm.create_pipeline_tuning_options(speed_level=3)
         pto.loop_vectorization = True
         pto.slp_vectorization = True
+        pto.loop_interleaving = True  # several vectors in flight hide fma latency
         pto.loop_unrolling = False  # full unrolling of small constant loops explodes compile time
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
