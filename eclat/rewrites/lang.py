@@ -40,7 +40,8 @@ CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 CTOR_OF_OP = {op: c for c, (op, _) in CTORS.items() if op}
 # oracle functions: name -> number of i64 keys (all values are i64 attribute ids)
-ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "spread": 2}
+ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "spread": 2,
+           **{name: 8 for name in ("g_idx", "g_out", "g_cond", "g_ishape", "g_gshape", "g_idt", "g_n")}}
 
 
 def declarations() -> str:

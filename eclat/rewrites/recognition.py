@@ -16,6 +16,7 @@ from ..ir.symbolic import as_int
 from ..ir.view import View
 from .composites import matmul, rmsnorm, softmax
 from .lang import Rule, RuleSet
+from .onehot import RULES as ONEHOT
 
 
 def plan_matmul(va: View, vb: View, r: int) -> tuple[View, View, View] | None:
@@ -110,4 +111,5 @@ RULES = RuleSet("recognition", (
     Rule("rmsnorm", "(Mul x (View (Recip (Sqrt (Add (Mul (View (Sum (Mul x x) r) vk) (Fill a d s1)) "
          "(Fill b d s2)))) ve))", "(RmsNorm x r a b)", ("(= 1 (keep vk r))", "(= 1 (spread ve r))"),
          example=_composite_example(lambda x: rmsnorm(x, 1, 1 / 3, 1e-5))),
+    *ONEHOT,
 ))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import algebra, fusion, layout, recognition
+from . import algebra, fusion, layout, onehot, recognition
 from .lang import RuleSet
 from .targets import TARGETS, backend_rules
 
@@ -12,7 +12,8 @@ EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE,)
 FUSION: tuple[RuleSet, ...] = (fusion.RULES,)
 
 # recognition before layout: layout lays out the operand views the matmul plans create
-ORACLE_FILLERS = (algebra.fill_drop, recognition.fill_matmul, recognition.fill_broadcasts, layout.fill_layout)
+ORACLE_FILLERS = (algebra.fill_drop, recognition.fill_matmul, recognition.fill_broadcasts, onehot.fill_gather,
+                  layout.fill_layout)
 
 
 def all_rulesets() -> list[RuleSet]:

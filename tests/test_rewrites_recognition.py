@@ -1,0 +1,48 @@
+"""Recognition on what the frontend emits: one-hot products as gathers, layer norm, attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from eclat.frontend.lower import lower
+from eclat.ir.interpreter import run
+from eclat.rewrites import optimize
+
+
+class OneHotEmbedding(nn.Module):
+    def __init__(self, vocab: int = 10, d: int = 6):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(vocab, d))
+        self.vocab = vocab
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # F.one_hot(ids, V).float() @ W, with one_hot as the compare it lowers to
+        return (ids[..., None] == torch.arange(self.vocab)).float() @ self.w
+
+
+def _check(graph, arrays, cand) -> None:
+    for p, q in zip(run(graph, arrays), run(cand, arrays)):
+        np.testing.assert_allclose(q, p, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(5,), (2, 4)])
+def test_one_hot_matmul_is_a_gather(shape):
+    torch.manual_seed(0)
+    model = OneHotEmbedding()
+    ids = torch.randint(0, 10, shape)
+    graph = lower(model, (ids,))
+    res = optimize(graph, "cpu", k=4)
+    best = res.candidates[0].op_counts()
+    assert best.get("gather") == 1 and "sum" not in best and "matmul" not in best
+    # out-of-range ids select no row (zeros), as the compare does; gather alone would clamp
+    for arr in (ids.numpy(), np.array([-1, 0, 9, 10, 3]).reshape(shape) if shape == (5,) else
+                np.array([[-3, 9, 10, 2], [0, 1, 11, 5]])):
+        with torch.no_grad():
+            want = model(torch.from_numpy(arr)).numpy()
+        (got,) = run(res.candidates[0], [arr])
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        for cand in res.candidates:
+            _check(graph, [arr], cand)
