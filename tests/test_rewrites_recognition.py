@@ -46,3 +46,23 @@ def test_one_hot_matmul_is_a_gather(shape):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
         for cand in res.candidates:
             _check(graph, [arr], cand)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_is_one_composite(affine: bool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16, elementwise_affine=affine), nn.ReLU())
+    if affine:
+        with torch.no_grad():
+            model[1].weight.normal_()
+            model[1].bias.normal_()
+    x = torch.randn(3, 5, 8)
+    graph = lower(model, (x,))
+    res = optimize(graph, "cpu", k=4)
+    best = res.candidates[0].op_counts()
+    assert best.get("layernorm") == 1 and "sum" not in best and "sqrt" not in best
+    if affine:
+        ln = next(n for n in res.candidates[0].nodes() if n.op == "layernorm")
+        assert {s.srcs[0].op for s in ln.srcs[1:]} == {"weight"}  # weight and bias live in the norm
+    for cand in res.candidates:
+        _check(graph, [x.numpy()], cand)

@@ -9,6 +9,9 @@
   x * log2(e), as the frontend writes it.
 - rmsnorm(x, axis, scale, eps): x / sqrt(sum(x * x along axis) * scale + eps), the sum
   broadcast back along axis (arg = (axis, scale, eps); scale is 1/n for a mean).
+- layernorm(x, w, b, axis, scale, eps): rmsnorm(x - sum(x along axis) * scale) * w + b, the
+  mean broadcast back along axis; w and b have x's shape (a broadcast view of a [D] weight; a
+  constant 1 / 0 when the norm has no affine part, which the decomposition leaves out).
 """
 
 from __future__ import annotations
@@ -115,12 +118,48 @@ def _rmsnorm_numpy(node: Node, x: np.ndarray) -> np.ndarray:
     return (x * np.reciprocal(np.sqrt(ms))).astype(node.dtype.np)
 
 
+def center(x: Node, axis: int, scale: float) -> Node:
+    """x - sum(x along axis) * scale, written as the frontend writes x - mean(x, keepdim=True)."""
+    full = tuple(x.shape)
+    total, expand = _keep_expand(g.reduce("sum", x, axis), axis, full)
+    mean = g.binary("mul", total, g.expand_to(g.const(scale, x.dtype), total.shape))
+    return g.binary("add", x, expand(g.unary("neg", mean)))
+
+
+def layernorm(x: Node, w: Node, b: Node, axis: int, scale: float, eps: float) -> Node:
+    g.binary("add", g.binary("mul", g.unary("sqrt", x), w), b)  # checks shapes and dtypes
+    return Node("layernorm", (x, w, b), (axis % len(x.shape), float(scale), float(eps)), x.shape, x.dtype)
+
+
+def _constant(n: Node, value: float) -> bool:
+    src = n.srcs[0] if n.op == "view" else n
+    return src.op == "const" and src.arg[0] == value
+
+
+def _decompose_layernorm(node: Node) -> Node:
+    (x, w, b), (axis, scale, eps) = node.srcs, node.arg
+    y = rmsnorm(center(x, axis, scale), axis, scale, eps)
+    y = y if _constant(w, 1.0) else g.binary("mul", y, w)
+    return y if _constant(b, 0.0) else g.binary("add", y, b)
+
+
+def _layernorm_numpy(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    axis, scale, eps = node.arg
+    t = x.dtype.type
+    c = x + -(np.sum(x, axis=axis, keepdims=True) * t(scale))
+    ms = np.sum(c * c, axis=axis, keepdims=True) * t(scale) + t(eps)
+    return (c * np.reciprocal(np.sqrt(ms)) * w + b).astype(node.dtype.np)
+
+
 g.register("softmax", "composite", _softmax_numpy, decompose=_decompose_softmax)
 g.register("rmsnorm", "composite", _rmsnorm_numpy, decompose=_decompose_rmsnorm)
+g.register("layernorm", "composite", _layernorm_numpy, decompose=_decompose_layernorm)
 
 # the non-operand constructor arguments of a composite, from its node.arg
-COMPOSITE_ARGS: dict[str, Callable[[object], tuple]] = {"softmax": lambda a: (a,), "rmsnorm": tuple}
-_BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt, "softmax": softmax, "rmsnorm": rmsnorm}
+COMPOSITE_ARGS: dict[str, Callable[[object], tuple]] = {"softmax": lambda a: (a,), "rmsnorm": tuple,
+                                                        "layernorm": tuple}
+_BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt, "softmax": softmax, "rmsnorm": rmsnorm,
+             "layernorm": layernorm}
 
 
 def build_composite(op: str, args: Sequence[Node]) -> Node:

@@ -24,7 +24,7 @@ from ..ir.view import View
 from .lang import CTORS
 
 LAUNCH = 2000.0  # a kernel boundary, in units of one elementwise op
-FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0}  # one kernel, per-element work
+FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one kernel, per-element work
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
 SYMBOLIC_HINT = 64
 LEAF_COPY = 100.0  # size assumed for a symbolic dimension when estimating

@@ -14,7 +14,7 @@ from ..ir import graph as g
 from ..ir.graph import Graph
 from ..ir.symbolic import as_int
 from ..ir.view import View
-from .composites import matmul, rmsnorm, softmax
+from .composites import center, layernorm, matmul, rmsnorm, softmax
 from .lang import Rule, RuleSet
 from .onehot import RULES as ONEHOT
 
@@ -82,6 +82,7 @@ def fill_broadcasts(enc) -> list[tuple[str, tuple[int, ...], int]]:
                 out.append(("keep", (i, r), 1))
             elif as_int(v.shape[r]) != 1 and v == View.contiguous(kept).expand(v.shape):
                 out.append(("spread", (i, r), 1))
+        out.append(("vshape", (i,), enc.shape_id(v.shape)))
     return out
 
 
@@ -89,6 +90,21 @@ def _composite_example(make) -> Callable[[], Graph]:
     def example() -> Graph:
         x = g.input_("x", (2, 3, 5))
         return g.decompose_composites(Graph([x], [make(x)], {}))
+    return example
+
+
+def _layernorm_example() -> Graph:
+    x = g.input_("x", (2, 3, 5))
+    return Graph([x], [rmsnorm(center(x, 2, 0.2), 2, 0.2, 1e-5)], {})
+
+
+def _affine_example(scale: bool) -> Callable[[], Graph]:
+    def example() -> Graph:
+        x, w = g.input_("x", (2, 3, 5)), g.input_("w", (5,))
+        c = lambda v: g.expand_to(g.const(v), x.shape)
+        wide = g.expand_to(w, x.shape)
+        y = layernorm(x, c(1.0) if scale else wide, c(0.0), 2, 0.2, 1e-5)
+        return Graph([x, w], [g.binary("mul" if scale else "add", y, wide)], {})
     return example
 
 
@@ -111,5 +127,13 @@ RULES = RuleSet("recognition", (
     Rule("rmsnorm", "(Mul x (View (Recip (Sqrt (Add (Mul (View (Sum (Mul x x) r) vk) (Fill a d s1)) "
          "(Fill b d s2)))) ve))", "(RmsNorm x r a b)", ("(= 1 (keep vk r))", "(= 1 (spread ve r))"),
          example=_composite_example(lambda x: rmsnorm(x, 1, 1 / 3, 1e-5))),
+    # layer norm: the RMS norm of x minus its mean (the same scale 1/n in both), then w and b
+    Rule("layernorm", "(RmsNorm (Add x (View (Neg (Mul (View (Sum x r) vk) (Fill a d s1))) ve)) r a e)",
+         "(LayerNorm x (Fill 1.0 d sx) (Fill 0.0 d sx) r a e)",
+         ("(= 1 (keep vk r))", "(= 1 (spread ve r))", "(= sx (vshape ve))"), example=_layernorm_example),
+    Rule("layernorm-scale", "(Mul (LayerNorm x (Fill 1.0 d s) (Fill 0.0 d s) r a e) w)",
+         "(LayerNorm x w (Fill 0.0 d s) r a e)", example=_affine_example(True)),
+    Rule("layernorm-shift", "(Add (LayerNorm x w (Fill 0.0 d s) r a e) b)", "(LayerNorm x w b r a e)",
+         example=_affine_example(False)),
     *ONEHOT,
 ))
