@@ -133,6 +133,7 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (CUDA, OPENCL, METAL)}
 # --- schedules ------------------------------------------------------------------------------------
 
 STRATEGIES = ("flat", "row", "tile")
+_SHUFFLED = (DType.float32, DType.bfloat16, DType.int32)  # 32-bit values: every dialect's shuffles take them
 ROW_MIN_REDUCE = 32  # a reduction at least this long gets a work-group of its own
 MAX_THREADS = 256
 
@@ -571,7 +572,7 @@ class _Emitter:
         self.close()
         red = self.shared_array(dt, t)
         d = self.d
-        shuffle = d.shuffle_down is not None and dt is not DType.bool and t >= d.warp and t <= d.warp ** 2
+        shuffle = d.shuffle_down is not None and dt in _SHUFFLED and d.warp <= t <= d.warp ** 2
         if shuffle:
             self.warp_reduce(acc, r.op, dt)
             self.line(f"if (lid % {d.warp} == 0) {red}[lid / {d.warp}] = {acc};")
