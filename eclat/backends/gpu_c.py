@@ -157,6 +157,8 @@ class GpuSchedule:
         rm, rn = self.micro
         if tm % rm or tn % rn:
             raise ValueError(f"tile {self.tile} is not a multiple of the register block {self.micro}")
+        if self.vector not in (1, 2, 4):
+            raise ValueError(f"vector width {self.vector} is not 1, 2 or 4")
 
     @property
     def group_size(self) -> int:
@@ -339,6 +341,8 @@ class _Emitter:
             c = "b_" + re.sub(r"\W", "_", name)
             self.cname[name] = c if c not in self.cname.values() else f"{c}_{len(self.cname)}"
         self.groups = 0
+        self.vectors: dict[Load, str] = {}  # vector strategy: a load -> the vector holding its lanes
+        self.lane = 0
         if kernel.numel:
             getattr(self, f"_{sched.strategy}")()
 
@@ -636,11 +640,11 @@ class _Emitter:
         last = f"i{len(k.shape) - 1}"
         base = self.fresh("base")
         self.line(f"const int {base} = {last};")
-        self.vectors: dict[Load, str] = {}
+        space = f"{self.d.global_} " if self.d.global_ else ""
         for x in _vector_loads(k, w):
             name = self.fresh("vec")
-            ptr = f"({self.d.global_} const float{w}*)({self.cname[x.buffer]} + {self.sym(x.index)})"
-            self.line(f"const float{w} {name} = *{ptr.strip()};")
+            self.line(f"const float{w} {name} = *({space}const float{w}*)"
+                      f"({self.cname[x.buffer]} + {self.sym(x.index)});")
             self.vectors[x] = name
         for lane in range(w):
             self.open("")
@@ -652,10 +656,7 @@ class _Emitter:
         self.vectors = {}
 
     def vector_lane(self, e: Load) -> str | None:
-        vecs = getattr(self, "vectors", None)
-        if not vecs or e not in vecs:
-            return None
-        return f"{vecs[e]}.{'xyzw'[self.lane]}"
+        return f"{self.vectors[e]}.{'xyzw'[self.lane]}" if e in self.vectors else None
 
     def _row(self) -> None:
         k, t = self.k, self.s.threads
