@@ -201,9 +201,11 @@ class Schedule:
     """How a kernel's loops run. Backends read the fields that apply to them.
 
     tile: register block for contraction kernels (MR rows x NR columns of the output);
-    vector: SIMD width in elements; unroll: inner-loop unroll hint; threads: how many
-    threads split the outermost parallel loop; split: reduce split factor (GPU);
-    order: permutation of the output axes (outermost first)."""
+    vector: SIMD width in elements (the CPU backend uses its own: 8 float32 lanes);
+    unroll: vectors in flight in vectorised inner loops (1 = the backend's default);
+    threads: how many threads split the outermost parallel loop; split: reduce split
+    factor and order: permutation of the output axes (outermost first), both for GPU
+    renderers (the CPU backend runs axes in order and reductions unsplit)."""
 
     order: tuple[int, ...] = ()
     tile: tuple[int, int] = (1, 1)
@@ -289,6 +291,11 @@ def as_contraction(kernel: Kernel) -> Contraction | None:
     return Contraction(r, a, b, m_axis, n_axis)
 
 
+# register blocks that fit 16 vector registers (accumulators + operands)
+GEMM_TILES = [(6, 16), (4, 16), (8, 8), (4, 24), (3, 32), (2, 32), (6, 8), (12, 8)]
+GEMV_TILES = [(1, 16), (1, 32), (1, 64)]
+
+
 def default_schedule(kernel: Kernel, threads: int = 1) -> Schedule:
     c = as_contraction(kernel)
     if c is None:
@@ -306,10 +313,9 @@ def schedule_space(kernel: Kernel, threads: int = 1) -> list[Schedule]:
     out = [base]
     if c is not None:
         m = kernel.shape[c.m_axis] if c.m_axis is not None else 1
-        tiles = [(1, 32), (1, 64)] if m < 4 else [(4, 16), (6, 16), (8, 8), (4, 24), (3, 32), (2, 32)]
-        out += [replace(base, tile=t, unroll=u) for t in tiles for u in (1, 4)]
+        out += [replace(base, tile=t) for t in (GEMV_TILES if m < 4 else GEMM_TILES)]
     else:
-        out += [replace(base, vector=v) for v in (4, 16)]
+        out += [replace(base, unroll=u) for u in (2, 8)]
     if threads > 1:
         out += [replace(s, threads=1) for s in list(out)]
     seen: list[Schedule] = []

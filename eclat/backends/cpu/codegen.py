@@ -579,7 +579,7 @@ LOOP_HINT = "eclat.loop.hint"  # Jitted turns this into a distinct self-referenc
 
 def _loop_hint(mod: ir.Module, unroll: int) -> ir.Value:
     """Loop metadata asking the vectoriser to interleave several vectors (hides fma latency)."""
-    count = max(unroll, INTERLEAVE)
+    count = unroll if unroll > 1 else INTERLEAVE
     key = f"{LOOP_HINT}.{count}"
     if key not in mod.namedmetadata:
         name = ir.MetaDataString(mod, "llvm.loop.interleave.count")
