@@ -142,6 +142,20 @@ def compare(outs: list[np.ndarray], ref: list[np.ndarray], rtol: float = 1e-4, a
             np.testing.assert_allclose(o, r, rtol=rtol, atol=atol, err_msg=f"output {j}")
 
 
+def opencl_or_skip() -> None:
+    """Skip the calling test where pyopencl or an OpenCL platform is missing, saying how to get one."""
+    import pytest
+
+    pytest.importorskip("pyopencl")
+    from eclat.backends.opencl.runtime import context
+
+    try:
+        context()
+    except Exception as e:  # no ICD or no platform
+        pytest.skip(f"no OpenCL device ({e}); apt-get install -y pocl-opencl-icd ocl-icd-libopencl1",
+                    allow_module_level=True)
+
+
 def sample(space: list[GpuSchedule]) -> list[GpuSchedule]:
     """The default and the first schedule of every other (strategy, vector) pair: every
     code path of the space, at a fraction of the PoCL build time."""

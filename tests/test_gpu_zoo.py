@@ -16,6 +16,7 @@ import torch
 from eclat.backends.gpu_c import render_program
 from eclat.compiler.group import group
 from eclat.compiler.kernel import Program
+from tests.gpu_cases import opencl_or_skip
 from tests.zoo import ZOO
 
 MODELS = [pytest.param(n, marks=() if n == "mlp" else pytest.mark.slow) for n in ZOO]
@@ -39,7 +40,7 @@ def program(name: str) -> Program:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_opencl_matches_torch(name: str) -> None:
-    pytest.importorskip("pyopencl")
+    opencl_or_skip()
     import eclat
 
     model, inputs = ZOO[name]()

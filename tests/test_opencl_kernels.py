@@ -9,16 +9,10 @@ import pytest
 
 from eclat.compiler.group import group
 from eclat.ir.interpreter import run
-from tests.gpu_cases import CASES, check_schedule_space, compare
+from tests.gpu_cases import CASES, check_schedule_space, compare, opencl_or_skip
 
-cl = pytest.importorskip("pyopencl")
-from eclat.backends.opencl.runtime import OpenCLExecutable, context  # noqa: E402
-
-try:
-    context()
-except Exception as e:  # no platform: say how to get one
-    pytest.skip(f"no OpenCL device ({e}); apt-get install -y pocl-opencl-icd ocl-icd-libopencl1",
-                allow_module_level=True)
+opencl_or_skip()
+from eclat.backends.opencl.runtime import OpenCLExecutable  # noqa: E402
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
