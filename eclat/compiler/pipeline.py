@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -58,27 +59,38 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     candidates, egraph = _candidates(graph, target, k)
     reference = interpret(_reference_graph(graph, candidates), arrays) if verify else None
     device = _device(target, threads, cache_dir) if autotune != "none" else None
-    best: tuple[float, Any, Program] | None = None
     errors: list[str] = []
-    timed = 0
+    programs: list[tuple[float, int, Program]] = []
     for n, cand in enumerate(candidates):
         try:
             program = group(cand)
-            for kern in program.kernels:
-                kern.schedule = type(kern.schedule)(**{**kern.schedule.__dict__, "threads": threads})
+        except Exception as e:  # a broken candidate must not take the compile down
+            errors.append(f"candidate {n}: {type(e).__name__}: {e}")
+            continue
+        for kern in program.kernels:
+            kern.schedule = replace(kern.schedule, threads=threads)
+        programs.append((_estimate_us(program, device), n, program))
+    programs.sort(key=lambda p: (p[0], p[1]))  # most promising first, then the e-graph's order
+    best: tuple[float, Any, Program] | None = None
+    timed = pruned = 0
+    for estimate, n, program in programs:
+        if best is not None and device is not None and _prune(estimate, best[0] * 1e6):
+            pruned += 1
+            continue
+        try:
             exe = backend.compile(program, threads)
             outs = exe.run([np.ascontiguousarray(a) for a in arrays])
             if reference is not None:
                 _verify(outs, reference)
-            seconds = _time(exe, arrays) if len(candidates) > 1 else float("nan")
-            timed += len(candidates) > 1
-        except Exception as e:  # a broken candidate must not take the compile down
+            seconds = _time(exe, arrays) if len(programs) > 1 else 0.0
+            timed += len(programs) > 1
+        except Exception as e:  # a crash of the JIT or a wrong answer: skip the candidate
             errors.append(f"candidate {n}: {type(e).__name__}: {e}")
-            if not quiet:
-                print(f"eclat: skipped {errors[-1]}")
             continue
         if best is None or seconds < best[0]:
             best = (seconds, exe, program)
+    for line in errors if not quiet else ():
+        print(f"eclat: skipped {line}")
     if best is None:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors))
     seconds, exe, program = best
@@ -89,6 +101,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         exe, "profile") else None
     specs = [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype) for n in graph.inputs]
     report = _report(target, threads, device, egraph, len(candidates), timed, program, exe, start, errors)
+    report["candidates"]["pruned"] = pruned
     report["tuning_cache"] = counts
     if measured is not None:
         for row, us in zip(report["kernels"], measured):
@@ -125,6 +138,21 @@ def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int,
     except Exception:  # never a fast wrong answer: fall back to the verified default schedules
         return exe, counts
     return tuned, counts
+
+
+def _estimate_us(program: Program, device: Any) -> float:
+    """Roofline estimate of a whole program (0 without a device model: no pruning)."""
+    if device is None:
+        return 0.0
+    from ..autotune import estimate_us
+
+    return sum(estimate_us(flops(k), bytes_moved(k, program.buffers), device) for k in program.kernels)
+
+
+def _prune(estimate_us: float, best_measured_us: float) -> bool:
+    from ..autotune import should_prune
+
+    return should_prune(estimate_us, best_measured_us)
 
 
 def _reference_graph(graph: Graph, candidates: list[Graph]) -> Graph:
