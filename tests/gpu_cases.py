@@ -106,8 +106,12 @@ def matmuls() -> tuple[Graph, list[np.ndarray]]:
     relu = g.binary("max", g.binary("add", mm, g.expand_to(wb, mm.shape)), zero)
     ba, bb = g.input_("ba", (3, 5, 7)), g.input_("bb", (3, 7, 9))
     v = g.input_("v", (1, 29))
-    return Graph([a, b, ba, bb, v], [relu, matmul(ba, bb), matmul(v, b)], {"bias": bias}), \
-        [_rand(37, 29), _rand(29, 45), _rand(3, 5, 7), _rand(3, 7, 9), _rand(1, 29)]
+    long_v, wt = g.input_("long_v", (2, 300)), g.input_("wt", (45, 300))  # a decode step, weight [n, k]
+    wt_kn = g.movement(wt, lambda x: x.permute((1, 0)))
+    graph = Graph([a, b, ba, bb, v, long_v, wt],
+                  [relu, matmul(ba, bb), matmul(v, b), matmul(long_v, wt_kn)], {"bias": bias})
+    shapes = [(37, 29), (29, 45), (3, 5, 7), (3, 7, 9), (1, 29), (2, 300), (45, 300)]
+    return graph, [_rand(*s) for s in shapes]
 
 
 def integers() -> tuple[Graph, list[np.ndarray]]:

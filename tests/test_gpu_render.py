@@ -160,3 +160,13 @@ def test_literals_of_every_dtype() -> None:
         src = render_program(program, d).source
         assert f"-9223372036854775807{d.long_suffix} - 1" in src and "(-2147483647 - 1)" in src
         assert f"(-{d.inf})" in src
+
+
+def test_matrix_vector_products_split_k_across_a_work_group() -> None:
+    from tests.gpu_cases import matmul
+
+    v, w = g.input_("v", (1, 512)), g.input_("w", (512, 64))
+    a, b = g.input_("a", (64, 512)), g.input_("b", (512, 64))
+    program = group(Graph([v, w, a, b], [matmul(v, w), matmul(a, b)], {}))
+    strategies = [default_gpu_schedule(k).strategy for k in program.kernels]
+    assert strategies == ["row", "tile"]

@@ -135,6 +135,7 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (CUDA, OPENCL, METAL)}
 STRATEGIES = ("flat", "row", "tile")
 _SHUFFLED = (DType.float32, DType.bfloat16, DType.int32)  # 32-bit values: every dialect's shuffles take them
 ROW_MIN_REDUCE = 32  # a reduction at least this long gets a work-group of its own
+MATVEC_ROWS = 4  # a contraction with fewer rows (a decode step) and a long k: a work-group per output
 MAX_THREADS = 256
 
 
@@ -203,7 +204,8 @@ def _tile_for(kernel: Kernel, c: Contraction, tm: int, tn: int, tk: int, rm: int
 
 def default_gpu_schedule(kernel: Kernel) -> GpuSchedule:
     c = _contraction(kernel)
-    if c is not None:
+    m = kernel.shape[c.m_axis] if c is not None and c.m_axis is not None else 1
+    if c is not None and (m >= MATVEC_ROWS or c.reduce.size < ROW_MIN_REDUCE * 4):
         return _tile_for(kernel, c, 64, 64, 16, 4, 4)
     size = _long_reduce(kernel)
     if size >= ROW_MIN_REDUCE:
