@@ -247,3 +247,15 @@ def test_kernel_flops_count_hoisted_reductions_once():
     (kern,) = group(G.Graph([x], [out], {})).kernels
     assert flops(kern) == 8 * 16 + 8 * 16  # one add per element, one max step per element
     assert math.prod(kern.shape) == 128
+
+
+def test_two_contractions_in_one_expression_get_their_own_kernels():
+    """silu(x @ g) * (x @ u): each product is register-blocked, not a strided loop nest."""
+    x = G.input_("x", (5, 12))
+    gw, uw = rand(12, 16), rand(12, 16)
+    gate = matmul(x, G.weight("g", gw, DType.float32))
+    up = matmul(x, G.weight("u", uw, DType.float32))
+    out = G.binary("mul", G.unary("recip", G.binary("add", G.unary("exp2", G.unary("neg", gate)),
+                                                      G.expand_to(G.const(1.0), (5, 16)))), up)
+    program = check(G.Graph([x], [out], {"g": gw, "u": uw}), [rand(5, 12)], rtol=1e-4, atol=1e-5)
+    assert sum(as_contraction(k) is not None for k in program.kernels) >= 2

@@ -43,6 +43,7 @@ from .kernel import (
     children,
     default_schedule,
     free_vars,
+    reduces,
     walk,
 )
 
@@ -149,6 +150,14 @@ def _cost(e: KExpr) -> int:
         own = OP_COST.get(x.op, 1) if isinstance(x, Op) else 0
         return own + sum(go(c) for c in children(x))
     return go(e)
+
+
+def _is_contraction(r: Reduce) -> bool:
+    """A sum of a product whose factors read different output axes (a matmul's shape)."""
+    if r.op != "sum" or not (isinstance(r.body, Op) and r.body.op == "mul"):
+        return False
+    a, b = (free_vars(s) - {r.var.name} for s in r.body.srcs)
+    return bool(a ^ b)
 
 
 class _Grouping:
@@ -277,6 +286,10 @@ class _Grouping:
         hits: dict[int, KExpr] = {}
         sizes: dict[str, int] = {}
         for k in self.kernels:
+            rs = reduces(k.body)
+            if len(rs) > 1:  # a contraction gets a kernel of its own, to be register-blocked
+                redundant |= {id(self.origin[r]) for r in rs if _is_contraction(r) and r in self.origin
+                              and id(self.origin[r]) not in self.buf_of}
             sizes.update({f"i{a}": d for a, d in enumerate(k.shape)})
             self._offenders(k.body, tuple(f"i{a}" for a in range(len(k.shape))), False,
                             sizes, shared, redundant, hits, set(), {})
