@@ -259,6 +259,10 @@ class _KernelEmitter:
         vars_ = axis_vars(shape)
         if 0 in shape:
             return 0
+        # leading unit axes are constants, so the first real axis is the one threads split
+        lead = next((d for d, n in enumerate(shape) if n > 1), max(len(shape) - 1, 0))
+        for d in range(lead):
+            self.bind(vars_[d].name, _i64(0))
         self.hoist(cands)
         if not shape:
             self.store(k.out, Num(0), self.emit(k.body), k.body.dtype)
@@ -273,8 +277,8 @@ class _KernelEmitter:
                 self.store(k.out, ravel(vars_, shape), self.emit(k.body), k.body.dtype)
             return []
 
-        self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(0, i, a))
-        return shape[0]
+        self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(lead, i, a))
+        return shape[lead]
 
     def store(self, buf: str, index: Expr, v: ir.Value, dt: DType) -> None:
         if dt is DType.bool:
