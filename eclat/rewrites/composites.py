@@ -12,17 +12,25 @@
 - layernorm(x, w, b, axis, scale, eps): rmsnorm(x - sum(x along axis) * scale) * w + b, the
   mean broadcast back along axis; w and b have x's shape (a broadcast view of a [D] weight; a
   constant 1 / 0 when the norm has no affine part, which the decomposition leaves out).
+- attention(q, kt, v, mask, axis, scale, vs, vp): matmul(view(softmax(view(matmul(q, kt), vs) * scale
+  + mask, axis), vp), v) (arg = (axis, scale, vs, vp)); q [*B, M, K], kt [*B, K, N], v [*B', N', D],
+  mask of vs's shape (a constant 0 when there is none, left out by the decomposition). vs and vp
+  are the views the frontend puts around the softmax (usually unit-axis reshapes: a native kernel
+  checks that vp(vs) is the identity and axis the last one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..ir import graph as g
 from ..ir.graph import Node
+from ..ir.interpreter import bind_dims, read_view
 from ..ir.symbolic import sym_eq
+from ..ir.view import View
 
 
 def _same(a: Sequence, b: Sequence) -> bool:
@@ -151,15 +159,39 @@ def _layernorm_numpy(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray) ->
     return (c * np.reciprocal(np.sqrt(ms)) * w + b).astype(node.dtype.np)
 
 
+def attention(q: Node, kt: Node, v: Node, mask: Node, axis: int, scale: float, vs: View, vp: View) -> Node:
+    p = g.view(softmax(g.binary("add", g.view(matmul(q, kt), vs), mask), axis), vp)  # checks shapes
+    return Node("attention", (q, kt, v, mask), (axis % len(vs.shape), float(scale), vs, vp),
+                (*p.shape[:-1], v.shape[-1]), q.dtype)
+
+
+def _decompose_attention(node: Node) -> Node:
+    (q, kt, v, mask), (axis, scale, vs, vp) = node.srcs, node.arg
+    s = g.binary("mul", g.view(matmul(q, kt), vs), g.expand_to(g.const(scale, q.dtype), vs.shape))
+    s = s if _constant(mask, 0.0) else g.binary("add", s, mask)
+    return matmul(g.view(softmax(s, axis), vp), v)
+
+
+def _attention_numpy(node: Node, q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray
+                     ) -> np.ndarray:
+    axis, scale, vs, vp = node.arg
+    env = bind_dims(SimpleNamespace(inputs=node.srcs), [q, kt, v, mask])
+    t = q.dtype.type
+    s = read_view(np.matmul(q, kt).reshape(-1), vs, env) * t(scale) + mask
+    p = _softmax_numpy(SimpleNamespace(arg=axis, dtype=node.dtype), s)
+    return np.matmul(read_view(p.reshape(-1), vp, env), v).astype(node.dtype.np)
+
+
+g.register("attention", "composite", _attention_numpy, decompose=_decompose_attention)
 g.register("softmax", "composite", _softmax_numpy, decompose=_decompose_softmax)
 g.register("rmsnorm", "composite", _rmsnorm_numpy, decompose=_decompose_rmsnorm)
 g.register("layernorm", "composite", _layernorm_numpy, decompose=_decompose_layernorm)
 
 # the non-operand constructor arguments of a composite, from its node.arg
 COMPOSITE_ARGS: dict[str, Callable[[object], tuple]] = {"softmax": lambda a: (a,), "rmsnorm": tuple,
-                                                        "layernorm": tuple}
+                                                        "layernorm": tuple, "attention": tuple}
 _BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt, "softmax": softmax, "rmsnorm": rmsnorm,
-             "layernorm": layernorm}
+             "layernorm": layernorm, "attention": attention}
 
 
 def build_composite(op: str, args: Sequence[Node]) -> Node:

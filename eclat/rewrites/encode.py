@@ -94,7 +94,9 @@ class Encoding:
         if node.kind == "reduce":
             return (CTOR_OF_OP[node.op], srcs[0], node.arg)
         if node.op in CTOR_OF_OP:
-            return (CTOR_OF_OP[node.op], *srcs, *COMPOSITE_ARGS.get(node.op, lambda a: ())(node.arg))
+            args = [self.view_id(a) if isinstance(a, View) else a
+                    for a in COMPOSITE_ARGS.get(node.op, lambda a: ())(node.arg)]
+            return (CTOR_OF_OP[node.op], *srcs, *args)
         if not 1 <= len(srcs) <= 3:
             raise NotImplementedError(f"the e-graph cannot hold op {node.op!r} with {len(srcs)} operands")
         key = (node.op, node.arg, tuple(node.shape), node.dtype)
@@ -169,7 +171,7 @@ def build(enc: Encoding, ctor: str, args: list[Any]) -> Node:
         return g.binary(op, *args)
     if kind == "reduce":
         return g.reduce(op, *args)
-    return build_composite(op, args)
+    return build_composite(op, [enc.attrs[a] if k == "attr" else a for k, a in zip(kinds, args)])
 
 
 def decode(enc: Encoding, choice: Callable[[int], tuple], roots: list[int]) -> Graph:

@@ -110,6 +110,8 @@ def _type_of(node: tuple, kids: list, attrs: list) -> tuple[tuple, DType]:
         return kids[1][0] + shape[1:], dtype
     if ctor == "Matmul":
         return shape[:-1] + kids[1][0][-1:], dtype
+    if ctor == "Attention":
+        return tuple(attrs[args[7]].shape[:-1]) + kids[2][0][-1:], dtype
     return shape, dtype
 
 
@@ -134,6 +136,10 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list) -> float:
         return LAUNCH + numel(kids[0][0])
     if ctor == "Matmul":
         return LAUNCH + 0.25 * numel(kids[0][0]) * numel(kids[1][0][-1:])
+    if ctor == "Attention":  # both products and the softmax in one kernel
+        scores = numel(kids[3][0])
+        return LAUNCH + 0.25 * scores * (numel(kids[0][0][-1:]) + numel(kids[2][0][-1:])) \
+            + FUSED_REDUCTIONS["Softmax"] * scores
     if ctor in FUSED_REDUCTIONS:
         return LAUNCH + FUSED_REDUCTIONS[ctor] * n
     if ctor in TRANSCENDENTAL:

@@ -6,6 +6,7 @@ candidate groupings. Views are excluded: the operand of a view must stay a buffe
 from __future__ import annotations
 
 from ..ir.dtypes import DType
+from ..ir.view import View
 from .lang import CTORS, Rule, RuleSet
 
 _VAR = {"attr": ("d", DType.float16), "int": ("r", 1), "f64": ("a", 0.5)}  # name, example value
@@ -14,6 +15,8 @@ _EXAMPLES = {
     "Where": {"x0": ((2, 3), DType.bool)},
     "Gather": {"x0": (5, 3), "x1": ((2,), DType.int32)},
     "Matmul": {"x0": (2, 3), "x1": (3, 4)},
+    "Attention": {"x0": (2, 3, 4), "x1": (2, 4, 5), "x2": (2, 5, 6), "x3": (2, 3, 5), "r4": 2,
+                  "d6": View.contiguous((2, 3, 5)), "d7": View.contiguous((2, 3, 5))},
 }
 FUSIBLE = [c for c, (op, kinds) in CTORS.items()
            if "T" in kinds and op and c not in ("View", "Contiguous")]

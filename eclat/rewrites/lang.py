@@ -36,12 +36,14 @@ CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "Matmul": ("matmul", ("T", "T")), "Fma": ("fma", ("T", "T", "T")), "Rsqrt": ("rsqrt", ("T",)),
     "Softmax": ("softmax", ("T", "int")), "RmsNorm": ("rmsnorm", ("T", "int", "f64", "f64")),
     "LayerNorm": ("layernorm", ("T", "T", "T", "int", "f64", "f64")),
+    "Attention": ("attention", ("T", "T", "T", "T", "int", "f64", "attr", "attr")),
     # any other registered op, carried opaquely: attr = (op, arg, shape, dtype)
     "Op1": ("", ("attr", "T")), "Op2": ("", ("attr", "T", "T")), "Op3": ("", ("attr", "T", "T", "T")),
 }
 CTOR_OF_OP = {op: c for c, (op, _) in CTORS.items() if op}
 # oracle functions: name -> number of i64 keys (all values are i64 attribute ids)
-ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "spread": 2, "vshape": 1,
+ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "spread": 2,
+           "vshape": 1, "contig": 1,
            **{name: 8 for name in ("g_idx", "g_out", "g_cond", "g_ishape", "g_gshape", "g_idt", "g_n")}}
 
 

@@ -83,6 +83,8 @@ def fill_broadcasts(enc) -> list[tuple[str, tuple[int, ...], int]]:
             elif as_int(v.shape[r]) != 1 and v == View.contiguous(kept).expand(v.shape):
                 out.append(("spread", (i, r), 1))
         out.append(("vshape", (i,), enc.shape_id(v.shape)))
+        if v.is_contiguous:
+            out.append(("contig", (i,), 1))
     return out
 
 
@@ -108,6 +110,25 @@ def _affine_example(scale: bool) -> Callable[[], Graph]:
     return example
 
 
+def _attention_example(masked: bool, viewed: bool) -> Callable[[], Graph]:
+    def example() -> Graph:
+        """scores [2, 3, 5] of a batched product (written out as expand, multiply, sum), reshaped to
+        [1, 2, 3, 5] as the frontend's 4-D attention does, or not; softmax and the second product
+        as the composites the other rules make."""
+        q, k, v = g.input_("q", (2, 3, 4)), g.input_("k", (2, 5, 4)), g.input_("v", (2, 5, 6))
+        mask = g.input_("mask", (3, 5))
+        kt = g.movement(k, lambda w: w.permute([0, 2, 1]))
+        s = g.decompose_composites(Graph([q, k], [matmul(q, kt)], {})).outputs[0]
+        if viewed:
+            s = g.movement(s, lambda w: w.reshape((1, 2, 3, 5)))
+        s = g.binary("mul", s, g.expand_to(g.const(0.5), s.shape))
+        if masked:
+            s = g.binary("add", s, g.expand_to(mask, s.shape))
+        p = g.view(softmax(s, -1), View.contiguous(s.shape).reshape((2, 3, 5)))  # as the matmul rule reads it
+        return Graph([q, k, v, mask] if masked else [q, k, v], [matmul(p, v)], {})
+    return example
+
+
 def _example() -> Graph:
     """x [2, 3, 4] @ transpose(W [2, 5, 4]) written as expand, multiply, sum."""
     x = g.input_("x", (2, 3, 4))
@@ -115,6 +136,28 @@ def _example() -> Graph:
     wt = g.movement(w, lambda v: v.permute([0, 2, 1]))
     return g.decompose_composites(Graph([x, w], [matmul(x, wt)], {}))
 
+
+def _attention_rules() -> list[Rule]:
+    """softmax(q @ kt * scale (+ mask)) @ v. The scores are a product still in its Sum form (its
+    class holds the Matmul): read directly, or through the frontend's reshape when the product's
+    own output view is contiguous."""
+    mm = ("(= a2 (mm_a va vb k))", "(= b2 (mm_b va vb k))", "(= o (mm_o va vb k))")
+    prod = "(Sum (Mul (View x va) (View y vb)) k)"
+    out = []
+    for viewed in (True, False):
+        scores, vs, when = ((f"(View {prod} vs)", "vs", (*mm, "(= 1 (contig o))")) if viewed
+                            else (prod, "o", mm))
+        for masked in (True, False):
+            body = f"(Add (Mul {scores} (Fill c d s)) m)" if masked else f"(Mul {scores} (Fill c d s))"
+            mask = "m" if masked else "(Fill 0.0 d s)"
+            out.append(Rule(f"attention{'' if masked else '-unmasked'}{'' if viewed else '-direct'}",
+                            f"(Matmul (View (Softmax {body} r) vp) v)",
+                            f"(Attention (View x a2) (View y b2) v {mask} r c {vs} vp)", when,
+                            example=_attention_example(masked, viewed)))
+    return out
+
+
+ATTENTION = _attention_rules()
 
 RULES = RuleSet("recognition", (
     Rule("matmul", "(Sum (Mul (View x va) (View y vb)) r)", "(View (Matmul (View x a2) (View y b2)) o)",
@@ -135,5 +178,6 @@ RULES = RuleSet("recognition", (
          "(LayerNorm x w (Fill 0.0 d s) r a e)", example=_affine_example(True)),
     Rule("layernorm-shift", "(Add (LayerNorm x w (Fill 0.0 d s) r a e) b)", "(LayerNorm x w b r a e)",
          example=_affine_example(False)),
+    *ATTENTION,
     *ONEHOT,
 ))
