@@ -259,3 +259,12 @@ def test_two_contractions_in_one_expression_get_their_own_kernels():
                                                       G.expand_to(G.const(1.0), (5, 16)))), up)
     program = check(G.Graph([x], [out], {"g": gw, "u": uw}), [rand(5, 12)], rtol=1e-4, atol=1e-5)
     assert sum(as_contraction(k) is not None for k in program.kernels) >= 2
+
+
+def test_backend_registry_and_render():
+    from eclat.backends import BACKENDS, get_backend
+
+    assert "cpu" in BACKENDS and get_backend("cpu").name == "cpu"
+    x = G.input_("x", (4, 4))
+    text = get_backend("cpu").render(group(G.Graph([x], [G.unary("sqrt", x)], {})))
+    assert "define void @eclat_run" in text.replace('"', "") and "llvm.sqrt" in text
