@@ -268,3 +268,22 @@ def test_backend_registry_and_render():
     x = G.input_("x", (4, 4))
     text = get_backend("cpu").render(group(G.Graph([x], [G.unary("sqrt", x)], {})))
     assert "define void @eclat_run" in text.replace('"', "") and "llvm.sqrt" in text
+
+
+def test_thread_pool_survives_fork():
+    """A forked child (isolated tuning runs) has none of the parent's workers and must not wait for them."""
+    import os
+
+    x = G.input_("x", (512, 512))
+    program = group(G.Graph([x], [G.unary("exp2", x)], {}))
+    for k in program.kernels:
+        k.schedule = type(k.schedule)(**{**k.schedule.__dict__, "threads": 2})
+    exe = CpuBackend().compile(program, threads=2)
+    a = rand(512, 512)
+    exe.run([a])
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        ok = np.allclose(exe.run([a])[0], np.exp2(a), rtol=1e-5)
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -55,6 +55,15 @@ static void *worker(void *unused) {
     return 0;
 }
 
+/* a forked child has none of the parent's workers: start afresh */
+static void after_fork(void) {
+    pthread_mutex_init(&mu, 0); pthread_mutex_init(&call_mu, 0);
+    pthread_cond_init(&wake, 0); pthread_cond_init(&done, 0);
+    workers = 0;
+}
+
+__attribute__((constructor)) static void setup(void) { pthread_atfork(0, 0, after_fork); }
+
 void eclat_parallel(kernel_t fn, void *args, int64_t n, int threads) {
     if (threads <= 1 || n <= 1) { fn(args, 0, n); return; }
     pthread_mutex_lock(&call_mu);
