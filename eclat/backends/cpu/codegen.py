@@ -55,6 +55,7 @@ KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
 PARALLEL_MIN_FLOPS = 200_000  # below this, waking threads costs more than it saves
 VECTOR = 8  # float32 lanes of an AVX2 register
 INTERLEAVE = 4  # vectors in flight in vectorised inner loops
+RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
 
 _REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F16,
         DType.int32: I32, DType.int64: I64, DType.bool: I1}
@@ -449,6 +450,11 @@ class _KernelEmitter:
         vt = ir.VectorType(F32, VECTOR)
         fma = _intrinsic(self.mod, "llvm.fma", vt, 3)
         b_unit = self._unit_stride(c.b, f"i{c.n_axis}")
+        # a right operand that is not a constant: copy each K x NR panel into a dense scratch
+        # once, and let every row block read it with vector loads
+        self.scratch = None
+        if self.pack_name is None and blocks > 1 and 0 < kk * nr * 4 <= RUNTIME_PACK_BYTES:
+            self.scratch = self.b.alloca(F32, size=kk * nr)
 
         def micro(p: ir.Value, mb: ir.Value) -> None:
             bb = self.b
@@ -485,6 +491,8 @@ class _KernelEmitter:
         def panel(p: ir.Value, _a: list) -> list:
             def batches(d: int, _b: list) -> list:
                 if d == len(batch):
+                    if self.scratch is not None:
+                        self._pack_panel(c, self.b.mul(p, _i64(nr)), nr, kk, n_size)
                     self.loop(_i64(0), _i64(blocks), [], lambda mb, _c: micro(p, mb) or [])
                 else:
                     def inner(i: ir.Value, _c: list) -> list:
@@ -497,6 +505,16 @@ class _KernelEmitter:
         self.loop(self.fn.args[1], self.fn.args[2], [], panel)
         return panels
 
+    def _pack_panel(self, c: Contraction, n0: ir.Value, nr: int, kk: int, n_size: int) -> None:
+        """scratch[k * NR + col] = b at (n0 + col clamped, k), for the current batch."""
+        def step(kv: ir.Value, _a: list) -> list:
+            self.bind(c.reduce.var.name, kv)
+            for col, val in enumerate(self._b_columns(c, n0, nr, n_size)):
+                at = self.b.add(self.b.mul(kv, _i64(nr)), _i64(col))
+                self.b.store(val, self.b.gep(self.scratch, [at], source_etype=F32))
+            return []
+        self.loop(_i64(0), _i64(kk), [], step)
+
     def _unit_stride(self, e: KExpr, n_var: str) -> bool:
         if not (isinstance(e, Load) and e.valid == Num(1)):
             return False
@@ -508,6 +526,10 @@ class _KernelEmitter:
         """The NR values of the right operand at step k, as NR/8 vectors."""
         bb = self.b
         nv = nr // VECTOR
+        if self.scratch is not None:
+            base = bb.mul(kv, _i64(nr))
+            return [bb.load(_vector_ptr(bb, self.scratch, bb.add(base, _i64(v * VECTOR))), typ=vt, align=4)
+                    for v in range(nv)]
         if self.pack_name:
             base = bb.mul(bb.add(bb.mul(p, _i64(c.reduce.size)), kv), _i64(nr))
             ptr = self.ptr[self.pack_name]
@@ -537,18 +559,23 @@ class _KernelEmitter:
             out.append(phi)
         return out
 
-    def _b_scalar(self, c: Contraction, n0: ir.Value, nr: int, vt: ir.VectorType) -> list:
+    def _b_columns(self, c: Contraction, n0: ir.Value, nr: int, n_size: int) -> list[ir.Value]:
+        """The right operand at columns n0 .. n0+NR-1 (clamped to the last column)."""
         bb = self.b
-        n_size = self.k.shape[c.n_axis]
-        vecs = [ir.Constant(vt, ir.Undefined) for _ in range(nr // VECTOR)]
+        out = []
         for col in range(nr):
             self.push()
             n = bb.add(n0, _i64(col))
             last = _i64(n_size - 1)
             self.bind(f"i{c.n_axis}", bb.select(bb.icmp_signed(">", n, last), last, n))
-            val = self.emit(c.b)
+            out.append(self.emit(c.b))
             self.pop()
-            vecs[col // VECTOR] = bb.insert_element(vecs[col // VECTOR], val, _i64(col % VECTOR))
+        return out
+
+    def _b_scalar(self, c: Contraction, n0: ir.Value, nr: int, vt: ir.VectorType) -> list:
+        vecs = [ir.Constant(vt, ir.Undefined) for _ in range(nr // VECTOR)]
+        for col, val in enumerate(self._b_columns(c, n0, nr, self.k.shape[c.n_axis])):
+            vecs[col // VECTOR] = self.b.insert_element(vecs[col // VECTOR], val, _i64(col % VECTOR))
         return vecs
 
     def _epilogue(self, c: Contraction, tile: ir.Value, m0: ir.Value, n0: ir.Value, mr: int, nr: int,
@@ -590,6 +617,11 @@ def _loop_hint(mod: ir.Module, unroll: int) -> ir.Value:
         opt = mod.add_metadata([name, ir.Constant(I32, count)])
         mod.add_named_metadata(key, mod.add_metadata([ir.MetaDataString(mod, LOOP_HINT), opt]))
     return mod.get_named_metadata(key).operands[0]
+
+
+def _vector_ptr(b: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
+    """&base[index] as an untyped pointer, for vector loads from float storage."""
+    return b.bitcast(b.gep(base, [index], source_etype=F32), PTR)
 
 
 def _store(b: ir.IRBuilder, v: ir.Value, ptr: ir.Value) -> None:
