@@ -4,6 +4,8 @@ associativity live in their own explosive set, run under the back-off scheduler.
 from __future__ import annotations
 
 from ..ir.dtypes import DType
+from ..ir.graph import Node
+from ..ir.view import View
 from .lang import Rule, RuleSet
 
 F = {"d": DType.float32, "s": (2, 3)}  # a float32 fill of the example tensors' shape
@@ -28,6 +30,15 @@ RULES = RuleSet("algebra", (
     Rule("mul-const-const", "(Mul (Mul x (Fill a d s)) (Fill b d s))", "(Mul x (Fill (* a b) d s))",
          ("(FloatDT d)",), example={**F, "a": 0.5, "b": 3.0}),
     Rule("factor", "(Add (Mul x z) (Mul y z))", "(Mul (Add x y) z)"),
+    # negation and subtraction forms: a - b * c is a + (-b) * c, an FMA with a negated operand
+    Rule("mul-neg", "(Neg (Mul x y))", "(Mul (Neg x) y)"),
+    Rule("mul-minus-one", "(Mul x (Fill -1.0 d s))", "(Neg x)", example=F),
+    Rule("neg-add", "(Neg (Add x y))", "(Add (Neg x) (Neg y))"),
+    Rule("neg-sum", "(Sum (Neg x) r)", "(Neg (Sum x r))", example={"r": 1}),
+    # the frontend's mean: sum, keepdim view, then scale; the scale may move into the reduction
+    Rule("scale-sum", "(Mul (View (Sum x r) vk) (Fill a d s1))", "(View (Sum (Mul x (Fill a d sx)) r) vk)",
+         ("(FloatDT d)", "(= 1 (keep vk r))", "(= sx (shp x))"),
+         example={"d": DType.float32, "s1": (2, 1), "a": 0.25, "r": 1, "vk": View.contiguous((2, 1))}),
     # a reduction of a scaled tensor is the scaled reduction: one multiply per output, not per input
     Rule("sum-scale", "(Sum (Mul x (Fill a d s)) r)", "(Mul (Sum x r) (Fill a d s2))", ("(= s2 (drop s r))",),
          example={**F, "a": 0.25, "r": 1}),
@@ -41,11 +52,24 @@ EXPLOSIVE = RuleSet("assoc", (
 ), explosive=True)
 
 
-def fill_drop(enc) -> list[tuple[str, tuple[int, ...], int]]:
-    """drop(shape, axis) = the shape without that axis, for every fill shape of the graph."""
+def fill_shapes(enc) -> list[tuple[str, tuple[int, ...], int]]:
+    """The shape ids the `types` analysis reads: vshape(view), leafshape(leaf), and drop(shape, axis)
+    = the shape without that axis, closed under repeated drops. Runs after the fillers that add
+    views and leaves."""
     out = []
-    for key in list(enc.ids):
-        if key[0] == "shape":
-            s = key[1]
-            out += [("drop", (enc.ids[key], r), enc.shape_id(s[:r] + s[r + 1:])) for r in range(len(s))]
+    for i, a in enumerate(list(enc.attrs)):
+        if isinstance(a, View):
+            out.append(("vshape", (i,), enc.shape_id(a.shape)))
+        elif isinstance(a, Node) and a.kind == "leaf":
+            out.append(("leafshape", (i,), enc.shape_id(a.shape)))
+    todo = [key[1] for key in enc.ids if key[0] == "shape"]
+    done: set[tuple] = set()
+    while todo:
+        s = todo.pop()
+        if s in done:
+            continue
+        done.add(s)
+        for r in range(len(s)):
+            out.append(("drop", (enc.shape_id(s), r), enc.shape_id(s[:r] + s[r + 1:])))
+            todo.append(s[:r] + s[r + 1:])
     return out

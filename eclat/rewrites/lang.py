@@ -43,7 +43,7 @@ CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
 CTOR_OF_OP = {op: c for c, (op, _) in CTORS.items() if op}
 # oracle functions: name -> number of i64 keys (all values are i64 attribute ids)
 ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "spread": 2,
-           "vshape": 1, "contig": 1,
+           "vshape": 1, "contig": 1, "leafshape": 1,
            **{name: 8 for name in ("g_idx", "g_out", "g_cond", "g_ishape", "g_gshape", "g_idt", "g_n")}}
 
 
@@ -53,7 +53,26 @@ def declarations() -> str:
     ctors = " ".join(f"({c} {' '.join(sort[k] for k in kinds)})" for c, (_, kinds) in CTORS.items())
     oracles = "\n".join(f"(function {name} ({' '.join(['i64'] * n)}) i64 :merge old)"
                         for name, n in ORACLES.items())
-    return f"(datatype T {ctors})\n{oracles}\n(relation Out (i64 T))\n(relation FloatDT (i64))\n"
+    return (f"(datatype T {ctors})\n{oracles}\n(relation Out (i64 T))\n(relation FloatDT (i64))\n"
+            f"(function shp (T) i64 :merge old)\n{_shape_analysis()}\n")
+
+
+# constructors whose result has the shape of their first operand
+SAME_SHAPE = ("Exp2", "Log2", "Sin", "Sqrt", "Recip", "Neg", "Cast", "Add", "Mul", "Mod", "Lt", "Max",
+              "Where", "Contiguous", "Fma", "Rsqrt", "Softmax", "RmsNorm", "LayerNorm")
+
+
+def _shape_analysis() -> str:
+    """Rules of the `types` rule set: shp(e) = the shape id of e's class, where rules need a shape
+    egglog cannot otherwise see (a constant of the operand's shape). Classes are well typed, so
+    the first shape found is the shape."""
+    facts = ["(= e (View x v)) (= s (vshape v))", "(= e (Fill a d s))", "(= e (Leaf l)) (= s (leafshape l))",
+             "(= e (Sum x r)) (= s (drop (shp x) r))", "(= e (MaxReduce x r)) (= s (drop (shp x) r))"]
+    for c in SAME_SHAPE:
+        args = " ".join(f"a{k}" for k in range(1, len(CTORS[c][1])))
+        facts.append(f"(= e ({c} x {args})) (= s (shp x))")
+    rules = "\n".join(f"(rule ({f}) ((set (shp e) s)) :ruleset types)" for f in facts)
+    return f"(ruleset types)\n{rules}"
 
 
 # --- s-expressions ------------------------------------------------------------------------

@@ -82,7 +82,6 @@ def fill_broadcasts(enc) -> list[tuple[str, tuple[int, ...], int]]:
                 out.append(("keep", (i, r), 1))
             elif as_int(v.shape[r]) != 1 and v == View.contiguous(kept).expand(v.shape):
                 out.append(("spread", (i, r), 1))
-        out.append(("vshape", (i,), enc.shape_id(v.shape)))
         if v.is_contiguous:
             out.append(("contig", (i,), 1))
     return out

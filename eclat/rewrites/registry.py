@@ -12,8 +12,9 @@ EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE,)
 FUSION: tuple[RuleSet, ...] = (fusion.RULES,)
 
 # recognition before layout: layout lays out the operand views the matmul plans create
-ORACLE_FILLERS = (algebra.fill_drop, recognition.fill_matmul, recognition.fill_broadcasts, onehot.fill_gather,
-                  layout.fill_layout)
+# shapes last: they cover the views and leaves the others create
+ORACLE_FILLERS = (recognition.fill_matmul, recognition.fill_broadcasts, onehot.fill_gather,
+                  layout.fill_layout, algebra.fill_shapes)
 
 
 def all_rulesets() -> list[RuleSet]:

@@ -60,7 +60,9 @@ class Saturation:
             text = (f"(run-schedule (seq (let-scheduler bo (back-off :match-limit {match_limit} "
                     f":ban-length 2)) (repeat 2 {runs})))")
         else:
-            text = "(run-schedule (seq " + " ".join(f"(run {r.name})" for r in rulesets) + "))"
+            # shapes first: rules that build a constant of an operand's shape read them
+            runs = " ".join(f"(run {r.name})" for r in rulesets)
+            text = f"(run-schedule (seq (saturate types) {runs}))"
         for _ in range(max_chunks):
             stop = self.out_of_budget()
             if stop:
