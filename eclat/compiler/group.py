@@ -1,18 +1,23 @@
 """Grouping: a primitive Graph becomes a Program of fused kernels.
 
-Views never copy: they fold into the index expressions of loads. Everything that is
-not materialised is inlined into the kernel of its consumer, so elementwise chains
-fuse and a reduction fuses with its prologue and epilogue. A value is materialised
-(gets a buffer and a kernel of its own) when it is an output, a `contiguous`, a
-gather table, or when inlining would recompute real work:
+Views never copy: they fold into the index expressions of loads (through fused
+producers too, by unravelling the flat index). Everything that is not materialised is
+inlined into the kernel of its consumer, so elementwise chains fuse and a reduction
+fuses with its prologue and epilogue. A value is materialised (gets a buffer and a
+kernel of its own) when it is an output, a `contiguous` (the e-graph's way of asking
+for a kernel boundary), a gather table, or when inlining would recompute real work:
 
   * redundant: it sits inside a loop it does not depend on and cannot be hoisted out
     of (an operand of a matmul computed per output column; a column sum read per row),
-    and it is either in a reduce body, a reduce itself, or costly;
-  * shared: it is evaluated at several different points (in one kernel or several),
-    and it is a reduce or costs at least SHARE_COST operations.
+    and it is in a reduce body, a reduce itself, or costly (outermost first);
+  * shared: it is evaluated at several different points (in one kernel or several)
+    and it is a reduce or costs at least SHARE_COST operations. A shared value goes
+    with a user that is evaluated at least as often; of the rest, the innermost go
+    first, since materialising them may make their users cheap;
+  * a contraction (sum of a product of differently indexed factors) that shares its
+    kernel with another reduction: alone it is register-blocked by the backend.
 
-These rules are applied until nothing changes, outermost offenders first.
+These rules are applied until nothing changes. Weights become constant buffers.
 """
 
 from __future__ import annotations
