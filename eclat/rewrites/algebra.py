@@ -33,7 +33,6 @@ RULES = RuleSet("algebra", (
     # negation and subtraction forms: a - b * c is a + (-b) * c, an FMA with a negated operand
     Rule("mul-neg", "(Neg (Mul x y))", "(Mul (Neg x) y)"),
     Rule("mul-minus-one", "(Mul x (Fill -1.0 d s))", "(Neg x)", example=F),
-    Rule("neg-add", "(Neg (Add x y))", "(Add (Neg x) (Neg y))"),
     Rule("neg-sum", "(Sum (Neg x) r)", "(Neg (Sum x r))", example={"r": 1}),
     # the frontend's mean: sum, keepdim view, then scale; the scale may move into the reduction
     Rule("scale-sum", "(Mul (View (Sum x r) vk) (Fill a d s1))", "(View (Sum (Mul x (Fill a d sx)) r) vk)",

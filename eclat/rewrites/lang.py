@@ -66,12 +66,14 @@ def _shape_analysis() -> str:
     """Rules of the `types` rule set: shp(e) = the shape id of e's class, where rules need a shape
     egglog cannot otherwise see (a constant of the operand's shape). Classes are well typed, so
     the first shape found is the shape."""
-    facts = ["(= e (View x v)) (= s (vshape v))", "(= e (Fill a d s))", "(= e (Leaf l)) (= s (leafshape l))",
-             "(= e (Sum x r)) (= s (drop (shp x) r))", "(= e (MaxReduce x r)) (= s (drop (shp x) r))"]
+    facts = {"View": "(= e (View x v)) (= s (vshape v))", "Fill": "(= e (Fill a d s))",
+             "Leaf": "(= e (Leaf l)) (= s (leafshape l))",
+             **{c: f"(= e ({c} x r)) (= s (drop (shp x) r))" for c in ("Sum", "MaxReduce")}}
     for c in SAME_SHAPE:
         args = " ".join(f"a{k}" for k in range(1, len(CTORS[c][1])))
-        facts.append(f"(= e ({c} x {args})) (= s (shp x))")
-    rules = "\n".join(f"(rule ({f}) ((set (shp e) s)) :ruleset types)" for f in facts)
+        facts[c] = f"(= e ({c} x {args})) (= s (shp x))"
+    rules = "\n".join(f'(rule ({f}) ((set (shp e) s)) :ruleset types :name "shape-{c}")'
+                      for c, f in facts.items())
     return f"(ruleset types)\n{rules}"
 
 

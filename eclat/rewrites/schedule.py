@@ -46,7 +46,7 @@ class Saturation:
         self.iterations += len(report.iterations)
         by_rule = {r.name: s.name for s in rulesets for r in s.rules}
         for rule, n in report.num_matches_per_rule.items():
-            rs = by_rule.get(rule, "other")
+            rs = by_rule.get(rule, "types" if rule.startswith("shape-") else "other")
             self.matches.setdefault(rs, {})
             self.matches[rs][rule] = self.matches[rs].get(rule, 0) + n
         return report.updated
