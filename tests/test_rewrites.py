@@ -274,3 +274,41 @@ def test_time_limit_still_gives_a_candidate():
     res = optimize(graph, k=3, time_limit=0.0)
     assert res.stats["stopped"] == "time limit" and len(res.candidates) == 1
     assert_same(graph, res.candidates[0])
+
+
+# --- the cost model -----------------------------------------------------------------------
+
+def _shared_chain(n: int, ops: tuple[str, ...]) -> Graph:
+    """An elementwise chain read by two reductions along different axes: fused, each evaluates it."""
+    x = g.input_("x", (n, n))
+    y = x
+    for op in ops:
+        y = g.unary(op, y)
+    return Graph([x], [g.reduce("sum", y, 0), g.reduce("sum", y, 1)], {})
+
+
+def test_recomputation_is_charged():
+    heavy = _shared_chain(256, ("sin", "exp2", "sin", "exp2"))
+    got = optimize(heavy, k=4)
+    assert got.candidates[0].op_counts().get("contiguous") == 1  # computed once, read twice
+    assert got.stats["costs"] == sorted(got.stats["costs"])
+    cheap = _shared_chain(8, ("neg",))
+    got_cheap = optimize(cheap, k=4)
+    assert "contiguous" not in got_cheap.candidates[0].op_counts()  # a launch costs more
+    for graph, res in ((heavy, got), (cheap, got_cheap)):
+        for cand in res.candidates:
+            assert_same(graph, cand)
+
+
+def _canonical(graph: Graph) -> int:
+    """A hash of the program up to the order of commutative operands."""
+    h: dict[int, int] = {}
+    for n in graph.nodes():
+        kids = [h[id(s)] for s in n.srcs]
+        h[id(n)] = hash((n.op, repr(n.arg), tuple(sorted(kids) if n.op in ("add", "mul", "max") else kids)))
+    return hash(tuple(h[id(o)] for o in graph.outputs))
+
+
+def test_candidates_differ_in_substance():
+    res = optimize(llama(layers=1), "cpu", k=8)
+    assert len({_canonical(c) for c in res.candidates}) == len(res.candidates)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..ir.graph import Graph, Node
 from . import blocks
 from .encode import Encoding, decode
-from .extract import candidates, costs, read_egraph
+from .extract import candidates, costs, dag_cost, read_egraph
 from .registry import EXPLOSIVE, FUSION, STAGES, backend_rules
 from .schedule import Saturation
 
@@ -115,7 +115,7 @@ def _optimize_one(graph: Graph, target: str, k: int, time_limit: float,
         "rules": sat.matches,
         "extracted": len(graphs),
         "stopped": sat.stopped,
-        "costs": [round(sum(cost[n] for n in ch.values()), 1) for ch in choices],
+        "costs": [round(dag_cost(data, cost, ch), 1) for ch in choices],
     }
     return Optimized(graphs, stats), enc
 

@@ -3,8 +3,12 @@
 The e-graph is read once (`read_egraph`), every e-class gets its shape and dtype, and
 every e-node a cost estimate. `extract` is a greedy DAG extraction: the cost of choosing
 a node is its own cost plus the union of its children's chosen sub-DAGs, so a value used
-twice is paid once. Further candidates come from re-running it with per-node random
-penalties; each is scored with the true costs and identical programs are dropped.
+twice is paid once. That is only true of a value materialised in a buffer: `dag_cost`, the
+cost a whole program is ranked by, charges an elementwise value once per kernel that
+evaluates it (a backend recomputes what is fused into several kernels). Further
+candidates come from materialising the values recomputed most (their `Contiguous` made
+attractive) and from re-running the extraction with per-node random penalties; programs
+that differ only in the order of commutative operands count as one.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one ker
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
 SYMBOLIC_HINT = 64
 LEAF_COPY = 100.0  # size assumed for a symbolic dimension when estimating
+# nodes computed once in a kernel of their own, whose result is a buffer; all others are fused
+# into (and recomputed by) every kernel that reads them
+BOUNDARY = {"Contiguous", "Sum", "MaxReduce", "Matmul", "Softmax", "RmsNorm", "LayerNorm", "Attention"}
+COMMUTATIVE = {"Add", "Mul", "Max"}
 
 
 @dataclass
@@ -217,18 +225,85 @@ def reachable(data: EGraphData, best: dict[int, int]) -> dict[int, int] | None:
     return out
 
 
+def _order(data: EGraphData, choice: dict[int, int]) -> list[int]:
+    """The chosen classes, users before their operands."""
+    out, seen = [], set()
+    stack = [(r, False) for r in data.roots]
+    while stack:
+        c, done = stack.pop()
+        if done:
+            out.append(c)
+        elif c not in seen:
+            seen.add(c)
+            stack.append((c, True))
+            stack.extend((k, False) for k in data.children[choice[c]])
+    return out[::-1]
+
+
+def evaluations(data: EGraphData, choice: dict[int, int]) -> dict[int, int]:
+    """How many kernels evaluate each chosen class: 1 for a boundary or an output, for a fused
+    value the number of distinct kernels that reach it through fused users."""
+    kernels: dict[int, int] = {}  # class -> bitset of the kernels it is evaluated in
+    roots = set(data.roots)
+    bit = {c: 1 << i for i, c in enumerate(choice)}
+    for c in _order(data, choice):
+        node = data.nodes[choice[c]]
+        if node[0] in BOUNDARY or c in roots or not kernels.get(c):
+            kernels[c] = bit[c]
+        for k in data.children[choice[c]]:
+            kernels[k] = kernels.get(k, 0) | kernels[c]
+    return {c: 1 if data.nodes[choice[c]][0] in BOUNDARY or c in roots else bin(kernels[c]).count("1")
+            for c in choice}
+
+
+def dag_cost(data: EGraphData, cost: list[float], choice: dict[int, int]) -> float:
+    """The program's cost: every chosen node once per kernel that evaluates it."""
+    return sum(cost[choice[c]] * n for c, n in evaluations(data, choice).items())
+
+
+def _signature(data: EGraphData, choice: dict[int, int]) -> frozenset:
+    """The program up to the order of commutative operands."""
+    def key(n: int) -> tuple:
+        ctor, *args = data.nodes[n]
+        return (ctor, *sorted(args)) if ctor in COMMUTATIVE else (ctor, *args)
+    return frozenset((c, key(n)) for c, n in choice.items())
+
+
+def _recomputed(data: EGraphData, cost: list[float], choice: dict[int, int],
+                contiguous: dict[int, int]) -> list[int]:
+    """Fused classes evaluated by several kernels that could be materialised, the most
+    recomputed work first."""
+    waste = {c: (n - 1) * cost[choice[c]] for c, n in evaluations(data, choice).items()
+             if n > 1 and c in contiguous}
+    return sorted(waste, key=lambda c: -waste[c])
+
+
 def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0,
                spread: float = 0.8, deadline: Callable[[], bool] = lambda: False) -> list[dict[int, int]]:
-    """Up to k distinct extractions, cheapest (by the true DAG cost) first."""
+    """Up to k distinct extractions, cheapest (by dag_cost) first."""
     rng = random.Random(seed)
     found: dict[frozenset, tuple[float, dict[int, int]]] = {}
-    for attempt in range(4 * k):
-        if attempt and (len(found) >= k or deadline()):
+    contiguous = {data.children[n][0]: n for n, node in enumerate(data.nodes) if node[0] == "Contiguous"}
+
+    def add(costs_used: list[float], visits: int) -> dict[int, int] | None:
+        choice = reachable(data, extract(data, costs_used, max_visits=visits))
+        if choice is not None:
+            found.setdefault(_signature(data, choice), (dag_cost(data, cost, choice), choice))
+        return choice
+
+    first = add(cost, 4)
+    if first is not None and k > 1:
+        # materialise the values the first program recomputes most: one at a time, then together
+        shared = _recomputed(data, cost, first, contiguous)[:max(1, k // 2)]
+        for group in [[c] for c in shared] + ([shared] if len(shared) > 1 else []):
+            if deadline():
+                break
+            forced = list(cost)
+            for c in group:
+                forced[contiguous[c]] = -1.0
+            add(forced, 4)
+    for _ in range(4 * k):
+        if len(found) >= 2 * k or deadline():
             break
-        noisy = cost if attempt == 0 else [c * math.exp(rng.gauss(0.0, spread)) for c in cost]
-        choice = reachable(data, extract(data, noisy, max_visits=4 if attempt == 0 else 2))
-        if choice is None:
-            continue
-        key = frozenset(choice.values())
-        found.setdefault(key, (sum(cost[n] for n in key), choice))
+        add([c * math.exp(rng.gauss(0.0, spread)) for c in cost], 2)
     return [choice for _, choice in sorted(found.values(), key=lambda t: t[0])][:k]
