@@ -15,7 +15,9 @@ constant right-hand operands packed into NR-wide panels at compile time.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +57,7 @@ KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
 PARALLEL_MIN_FLOPS = 200_000  # below this, waking threads costs more than it saves
 VECTOR = 8  # float32 lanes of an AVX2 register
 INTERLEAVE = 4  # vectors in flight in vectorised inner loops
+PACKED = "pack:"  # name prefix of weights packed at compile time
 RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
 
 _REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F16,
@@ -89,32 +92,40 @@ class Module:
 
 
 def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module:
+    """Emit program. Packed weights join program.buffers (role weight, names starting with
+    PACKED); a rebuild drops the previous build's. Kernels equal up to buffer names share
+    one function (the layers of a model differ only in their weights)."""
+    for name in [n for n in program.buffers if n.startswith(PACKED)]:
+        del program.buffers[name]
     mod = ir.Module(name="eclat")
     packed: dict[str, np.ndarray] = {}
-    kernel_args: list[list[str]] = []
+    calls: list[tuple[str, list[str], int]] = []
     parallel: list[str] = []
-    outer: list[int] = []
+    functions: dict[str, tuple[str, int]] = {}
     for k in program.kernels:
         em = _KernelEmitter(mod, k, program.buffers, packed)
-        kernel_args.append(em.arg_names)
-        outer.append(em.outer)
-        if k.schedule.threads > 1 and threads > 1 and em.outer > 1 and flops(k) >= PARALLEL_MIN_FLOPS:
+        key = em.key()
+        if key not in functions:
+            functions[key] = (k.name, em.function())
+        fn_name, outer = functions[key]
+        calls.append((fn_name, em.arg_names, outer))
+        if k.schedule.threads > 1 and threads > 1 and outer > 1 and flops(k) >= PARALLEL_MIN_FLOPS:
             parallel.append(k.name)
-    slot_names = [n for n, b in program.buffers.items() if b.role != "temp"] + list(packed) + ["<arena>"]
-    _entry(mod, program, plan, slot_names, kernel_args, outer, set(parallel), threads)
+    slot_names = [n for n, b in program.buffers.items() if b.role != "temp"] + ["<arena>"]
+    _entry(mod, program, plan, slot_names, calls, set(parallel), threads)
     return Module(mod, slot_names, packed, parallel)
 
 
 def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[str],
-           kernel_args: list[list[str]], outer: list[int], parallel: set[str], threads: int) -> None:
+           calls: list[tuple[str, list[str], int]], parallel: set[str], threads: int) -> None:
     """eclat_run calls every kernel in order; eclat_kernel_<j> calls kernel j alone (profiling)."""
-    calls = list(zip(program.kernels, kernel_args, outer))
-    _caller(mod, "eclat_run", calls, plan, slot_names, parallel, threads)
-    for j, call in enumerate(calls):
-        _caller(mod, f"eclat_kernel_{j}", [call], plan, slot_names, parallel, threads)
+    steps = [(k, fn, names, n) for k, (fn, names, n) in zip(program.kernels, calls)]
+    _caller(mod, "eclat_run", steps, plan, slot_names, parallel, threads)
+    for j, step in enumerate(steps):
+        _caller(mod, f"eclat_kernel_{j}", [step], plan, slot_names, parallel, threads)
 
 
-def _caller(mod: ir.Module, name: str, calls: list[tuple[Kernel, list[str], int]], plan: MemoryPlan,
+def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str], int]], plan: MemoryPlan,
             slot_names: list[str], parallel: set[str], threads: int) -> None:
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -133,13 +144,13 @@ def _caller(mod: ir.Module, name: str, calls: list[tuple[Kernel, list[str], int]
                 ptrs[name] = b.gep(arena, [_i64(plan.offsets[name])], source_etype=I8)
         return ptrs[name]
 
-    for k, names, n in calls:
+    for k, fn_name, names, n in steps:
         if n == 0:
             continue
         args = b.alloca(PTR, size=max(len(names), 1))
         for j, name in enumerate(names):
             b.store(pointer(name), b.gep(args, [_i64(j)], source_etype=PTR))
-        kfn = mod.globals[k.name]
+        kfn = mod.globals[fn_name]
         if k.name in parallel:
             b.call(pool, [kfn, args, _i64(n), ir.Constant(I32, min(threads, k.schedule.threads))])
         else:
@@ -154,27 +165,38 @@ class _KernelEmitter:
                  packed: dict[str, np.ndarray]):
         self.mod, self.k, self.buffers, self.packed = mod, kernel, buffers, packed
         self.contraction = as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
-        names = sorted({x.buffer for x in loads(kernel.body)} | {kernel.out})
+        # arguments in order of first use, so that kernels equal up to names look equal
+        names = list(dict.fromkeys([x.buffer for x in loads(kernel.body)] + [kernel.out]))
         self.pack_name: str | None = None
         if self.contraction is not None:
             self.pack_name = self._pack()
             if self.pack_name:
                 names.append(self.pack_name)
         self.arg_names = names
-        self.fn = ir.Function(mod, KERNEL_TYPE, kernel.name)
+
+    def key(self) -> str:
+        """The kernel's code with its buffers named by argument position."""
+        canon = {n: f"arg{j}:{self.buffers[n].numel}" for j, n in enumerate(self.arg_names)}
+        body = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={canon[m.group(1)]}", str(self.k.body))
+        rvars: dict[str, str] = {}  # reduce variables are named after graph positions
+        body = re.sub(r"\br\d+\b", lambda m: rvars.setdefault(m.group(0), f"r#{len(rvars)}"), body)
+        return f"{self.k.shape}|{self.k.schedule}|{canon[self.k.out]}|{self.pack_name is not None}|{body}"
+
+    def function(self) -> int:
+        """Emit the function; returns the length of its outermost (parallel) loop."""
+        self.fn = ir.Function(self.mod, KERNEL_TYPE, self.k.name)
         self.fn.linkage = "internal"
+        self.fn.attributes.add("noinline")  # shared by layers and the profiling entries: compile once
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.layers: list[tuple[dict[str, ir.Value], dict]] = [({}, {})]
         self.ptr = {n: self.b.load(self.b.gep(self.fn.args[0], [_i64(j)], source_etype=PTR), typ=PTR)
-                    for j, n in enumerate(names)}
+                    for j, n in enumerate(self.arg_names)}
         self.fv_memo: dict = {}
         self._nested = False
         self.inner_loops = self.contraction is None  # the micro-kernel is interleaved by hand
-        if self.contraction is not None:
-            self.outer = self._contraction()
-        else:
-            self.outer = self._generic()
+        outer = self._contraction() if self.contraction is not None else self._generic()
         self.b.ret_void()
+        return outer
 
     # --- scopes ---------------------------------------------------------------------------
     def push(self) -> None:
@@ -415,7 +437,7 @@ class _KernelEmitter:
             return None
         nr = self.tile()[1]
         n, kk = k.shape[c.n_axis], c.reduce.size
-        name = f"{b.buffer}_pack{nr}_{abs(hash(b.index)) % 10**8}"
+        name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
             panels = -(-n // nr)
             cols = np.arange(panels * nr)
