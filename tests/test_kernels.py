@@ -287,3 +287,17 @@ def test_thread_pool_survives_fork():
         os._exit(0 if ok else 3)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_layers_that_differ_only_in_weights_share_code():
+    x = G.input_("x", (4, 8))
+    h, weights = x, {}
+    for layer in range(3):
+        weights[f"w{layer}"] = rand(8, 8)
+        y = matmul(h, G.weight(f"w{layer}", weights[f"w{layer}"], DType.float32))
+        h = G.unary("sqrt", G.binary("mul", y, y))
+    graph = G.Graph([x], [h], weights)
+    program = check(graph, [rand(4, 8)], rtol=1e-4, atol=1e-5)
+    exe = CpuBackend().compile(program)
+    functions = [f for f in exe.module.ir.functions if f.name.startswith("k")]
+    assert len(functions) < len(program.kernels)
