@@ -147,7 +147,8 @@ def kernels_and_bytes(graph: Graph) -> tuple[int, int]:
     the bytes they move."""
     k = b = 0
     for n in graph.nodes():
-        if n.op in ("contiguous", "sum", "max_reduce", "matmul", "softmax", "rmsnorm", "input", "weight"):
+        if n.op in ("contiguous", "sum", "max_reduce", "matmul", "softmax", "rmsnorm", "layernorm",
+                    "attention", "input", "weight"):
             size = math.prod(int(d) for d in n.shape) * n.dtype.itemsize
             k += n.op not in ("input", "weight")
             b += size if n.op in ("input", "weight") else 2 * size

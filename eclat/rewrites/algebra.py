@@ -30,8 +30,7 @@ RULES = RuleSet("algebra", (
     Rule("mul-const-const", "(Mul (Mul x (Fill a d s)) (Fill b d s))", "(Mul x (Fill (* a b) d s))",
          ("(FloatDT d)",), example={**F, "a": 0.5, "b": 3.0}),
     Rule("factor", "(Add (Mul x z) (Mul y z))", "(Mul (Add x y) z)"),
-    # negation and subtraction forms: a - b * c is a + (-b) * c, an FMA with a negated operand
-    Rule("mul-neg", "(Neg (Mul x y))", "(Mul (Neg x) y)"),
+    # negation and subtraction forms (a - b * c as an FMA is the targets' fma-neg)
     Rule("mul-minus-one", "(Mul x (Fill -1.0 d s))", "(Neg x)", example=F),
     Rule("neg-sum", "(Sum (Neg x) r)", "(Neg (Sum x r))", example={"r": 1}),
     # the frontend's mean: sum, keepdim view, then scale; the scale may move into the reduction

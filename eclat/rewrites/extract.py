@@ -166,10 +166,11 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False) -> list[floa
             for node, c, kids in zip(data.nodes, data.node_class, data.children)]
 
 
-def extract(data: EGraphData, cost: list[float], max_visits: int = 4) -> dict[int, int]:
+def extract(data: EGraphData, cost: list[float], max_visits: int = 4,
+            users: dict[int, list[int]] | None = None) -> dict[int, int]:
     """Greedy DAG extraction: class -> chosen node. Sub-DAGs are bitsets of classes (Python
     ints); a worklist revisits the users of a class whenever its choice improves."""
-    users = _users(data)
+    users = _users(data) if users is None else users
     best: dict[int, int] = {}
     best_cost: dict[int, float] = {}
     sets: dict[int, int] = {}
@@ -284,9 +285,10 @@ def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0,
     rng = random.Random(seed)
     found: dict[frozenset, tuple[float, dict[int, int]]] = {}
     contiguous = {data.children[n][0]: n for n, node in enumerate(data.nodes) if node[0] == "Contiguous"}
+    users = _users(data)
 
     def add(costs_used: list[float], visits: int) -> dict[int, int] | None:
-        choice = reachable(data, extract(data, costs_used, max_visits=visits))
+        choice = reachable(data, extract(data, costs_used, visits, users))
         if choice is not None:
             found.setdefault(_signature(data, choice), (dag_cost(data, cost, choice), choice))
         return choice
@@ -303,7 +305,7 @@ def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0,
                 forced[contiguous[c]] = -1.0
             add(forced, 4)
     for _ in range(4 * k):
-        if len(found) >= 2 * k or deadline():
+        if len(found) >= k or deadline():
             break
         add([c * math.exp(rng.gauss(0.0, spread)) for c in cost], 2)
     return [choice for _, choice in sorted(found.values(), key=lambda t: t[0])][:k]

@@ -5,5 +5,6 @@ from __future__ import annotations
 from ..lang import Rule, RuleSet
 
 FMA = Rule("fma", "(Add (Mul x y) z)", "(Fma x y z)")
+FMA_NEG = Rule("fma-neg", "(Add (Neg (Mul x y)) z)", "(Fma (Neg x) y z)")  # z - x * y, the frontend's sub
 
-RULES = RuleSet("target_cpu", (FMA,))
+RULES = RuleSet("target_cpu", (FMA, FMA_NEG))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..lang import Rule, RuleSet
-from .cpu import FMA
+from .cpu import FMA, FMA_NEG
 
 RULES = RuleSet("target_gpu", (
-    FMA,
+    FMA, FMA_NEG,
     Rule("rsqrt", "(Recip (Sqrt x))", "(Rsqrt x)"),
 ))
