@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 import os
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,8 +94,11 @@ def source_line(node: torch.fx.Node) -> str | None:
 def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any = None
            ) -> torch.export.ExportedProgram:
     try:
-        ep = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-        return ep.run_decompositions()
+        with warnings.catch_warnings():
+            # torch.export trips over its own deprecated pytree API; not the user's concern
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+            ep = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+            return ep.run_decompositions()
     except Exception as e:  # torch raises many types; all mean "could not export"
         raise ExportError(f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}") from e
 
