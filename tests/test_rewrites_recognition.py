@@ -68,7 +68,8 @@ def test_layer_norm_is_one_composite(affine: bool):
         _check(graph, [x.numpy()], cand)
 
 
-@pytest.mark.parametrize("name", ["llama", "hf_gpt2", "hf_bert"])
+@pytest.mark.parametrize("name", ["llama", pytest.param("hf_gpt2", marks=pytest.mark.slow),
+                                  pytest.param("hf_bert", marks=pytest.mark.slow)])
 def test_attention_is_one_composite(name: str):
     from tests.zoo import ZOO
 
@@ -85,3 +86,19 @@ def test_attention_is_one_composite(name: str):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     for cand in res.candidates:
         _check(graph, arrays, cand)
+
+
+@pytest.mark.slow
+def test_attention_over_a_symbolic_sequence():
+    from tests.zoo import make_llama
+
+    model, (ids,) = make_llama(layers=1)
+    graph = lower(model, (ids,), dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=30)},))
+    res = optimize(graph, "cpu", k=2)
+    assert res.candidates[0].op_counts().get("attention") == 1
+    for n in (3, 11):
+        x = np.random.default_rng(n).integers(0, 128, (1, n))
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy()
+        for cand in res.candidates:
+            np.testing.assert_allclose(run(cand, [x])[0], want, rtol=1e-4, atol=1e-4)
