@@ -30,8 +30,8 @@ from .lang import CTORS
 LAUNCH = 2000.0  # a kernel boundary, in units of one elementwise op
 FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one kernel, per-element work
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
-SYMBOLIC_HINT = 64
-LEAF_COPY = 100.0  # size assumed for a symbolic dimension when estimating
+SYMBOLIC_HINT = 64  # size assumed for a symbolic dimension when estimating
+COPY = 1e12  # a runtime copy of a buffer that already exists
 # nodes computed once in a kernel of their own, whose result is a buffer; all others are fused
 # into (and recomputed by) every kernel that reads them
 BOUNDARY = {"Contiguous", "Sum", "MaxReduce", "Matmul", "Softmax", "RmsNorm", "LayerNorm", "Attention"}
@@ -157,11 +157,17 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list) -> float:
 
 def costs(data: EGraphData, attrs: list, copy_leaves: bool = False) -> list[float]:
     """Per-node costs; inf where a node cannot be typed. Copying a buffer that already exists
-    is never worth it: unless copy_leaves, it costs as much as LEAF_COPY kernels."""
+    (a leaf, or a value only computed by a kernel of its own) is never worth it (a layout is
+    made at compile time): unless copy_leaves, it costs COPY, chosen only where the input
+    program leaves no other way."""
+    fused = {c for node, c in zip(data.nodes, data.node_class) if node[0] not in BOUNDARY}
     leaves = set() if copy_leaves else {c for node, c in zip(data.nodes, data.node_class)
-                                        if node[0] in ("Leaf", "Fill")}
+                                        if node[0] in ("Leaf", "Fill") or c not in fused}
+    # a weight read through a view is a compile-time constant too (layout makes such arrays)
+    leaves |= {c for node, c, kids in zip(data.nodes, data.node_class, data.children)
+               if not copy_leaves and node[0] == "View" and kids[0] in leaves}
     return [node_cost(node, data.info[c], [data.info[k] for k in kids], attrs)
-            + (LEAF_COPY * LAUNCH if node[0] == "Contiguous" and kids[0] in leaves else 0.0)
+            + (COPY if node[0] == "Contiguous" and kids[0] in leaves else 0.0)
             if c in data.info and all(k in data.info for k in kids) else math.inf
             for node, c, kids in zip(data.nodes, data.node_class, data.children)]
 
@@ -275,7 +281,7 @@ def _recomputed(data: EGraphData, cost: list[float], choice: dict[int, int],
     """Fused classes evaluated by several kernels that could be materialised, the most
     recomputed work first."""
     waste = {c: (n - 1) * cost[choice[c]] for c, n in evaluations(data, choice).items()
-             if n > 1 and c in contiguous}
+             if n > 1 and c in contiguous and cost[choice[c]] > 0 and cost[contiguous[c]] < COPY}
     return sorted(waste, key=lambda c: -waste[c])
 
 
