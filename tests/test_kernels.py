@@ -62,6 +62,16 @@ def test_unary_float_ops_with_special_values(op):
     np.testing.assert_array_equal(got[:12][np.isinf(want[:12])], want[:12][np.isinf(want[:12])])
 
 
+
+def test_exp2_is_float32_accurate_over_its_range():
+    """Dense sweep: relative error a few ulp wherever the result is a normal float."""
+    data = np.linspace(-125.9, 127.4, 1 << 16, dtype=np.float32)  # 2^127.5.. rounds to 2^128 * p: inf
+    x = G.input_("x", data.shape)
+    _, (got,) = compiled(G.Graph([x], [G.unary("exp2", x)], {}), [data])
+    want = np.exp2(data.astype(np.float64))
+    assert np.max(np.abs(got / want - 1)) < 4e-7
+
+
 @pytest.mark.parametrize("dtype", [DType.float32, DType.int32, DType.int64])
 def test_binary_ops(dtype):
     a, b = G.input_("a", (5, 7), dtype), G.input_("b", (5, 7), dtype)

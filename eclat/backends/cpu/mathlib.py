@@ -44,15 +44,23 @@ def _poly(b: ir.IRBuilder, x: ir.Value, coefs: list[float]) -> ir.Value:
     return acc
 
 
+# 2^f on |f| <= 1/2, degree 5, fitted here (Lawson-weighted least squares on the relative error,
+# float64): 8e-8 relative, 2.4e-7 evaluated in float32; one term fewer than Taylor for the same error.
+_ROUND = 1.5 * 2.0 ** 23
+_EXP2_P = [0.0013276357203722, 0.009675503708422184, 0.05550713092088699, 0.24022120237350464,
+           0.6931469440460205, 1.0]
+
+
 def _exp2(b: ir.IRBuilder, x: ir.Value, module: ir.Module) -> ir.Value:
     c = b.select(b.fcmp_ordered("<", x, _f(-127.0)), _f(-127.0), x)
     c = b.select(b.fcmp_ordered(">", c, _f(128.0)), _f(128.0), c)
-    n = b.call(_intrinsic(module, "llvm.rint.f32"), [c])
-    f = b.fsub(c, n)
-    p = _poly(b, f, [math.log(2) ** k / math.factorial(k) for k in range(6, -1, -1)])  # |f| <= 1/2: 1e-7
-    bits = b.shl(b.add(b.fptosi(n, I32), _i(127)), _i(23))
-    r = b.fmul(p, b.bitcast(bits, F32))
-    return b.select(b.fcmp_unordered("uno", x, x), x, r)
+    # adding 1.5 * 2^23 rounds to an integer that lands in the low mantissa bits: rint and
+    # float->int in one add, and defined for NaN (fptosi of NaN would be poison)
+    t = b.fadd(c, _f(_ROUND))
+    f = b.fsub(c, b.fsub(t, _f(_ROUND)))
+    p = _poly(b, f, _EXP2_P)
+    bits = b.shl(b.add(b.bitcast(t, I32), _i(127)), _i(23))
+    return b.fmul(p, b.bitcast(bits, F32))  # NaN passes the clamps (each select keeps x) and p
 
 
 def _log2(b: ir.IRBuilder, x: ir.Value, module: ir.Module) -> ir.Value:
