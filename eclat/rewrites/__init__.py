@@ -4,9 +4,11 @@
 
 Every candidate computes the same values as `graph` (same input nodes, same out_spec; it
 may add weights laid out at compile time, named "<weight>.laid<n>"); candidates[0] is the
-cheapest by the DAG cost. Candidates differ in algebraic form, recognised composites
-(`eclat.rewrites.composites`: matmul, fma, rsqrt), weight layout and where `contiguous`
-materialises a value (a kernel boundary). stats: enodes, eclasses, iterations, seconds,
+cheapest by `extract.dag_cost` (a fused value is paid once per kernel evaluating it).
+Candidates differ in algebraic form, recognised composites (`eclat.rewrites.composites`:
+matmul, fma, rsqrt, softmax, rmsnorm, layernorm, attention; one-hot products become the
+primitive gather), weight layout and where `contiguous` materialises a value (a kernel
+boundary); never only in the order of commutative operands. stats: enodes, eclasses, iterations, seconds,
 rules ({rule set: {rule: matches}}), extracted, stopped (why saturation ended), costs, and
 for graphs with repeated blocks: segments, blocks (e-graphs actually built).
 """
