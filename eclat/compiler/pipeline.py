@@ -1,20 +1,37 @@
-"""compile_model: frontend -> e-graph candidates -> kernels -> backend -> time -> verify.
+"""compile_model: frontend -> e-graph candidates -> kernels -> backend -> time -> verify -> tune.
 
-Every candidate the e-graph extracts is grouped into kernels, compiled and timed on the
-device; the fastest whose outputs match the reference interpreter on the example inputs
-is kept. A candidate that fails to compile or to verify is skipped (and reported), never
-kept; if none survives, the first error is raised.
+The e-graph's candidates are grouped into kernels and ordered by their roofline estimate on
+the measured device model. "full" compiles, verifies and times every candidate; "fast" at
+most FAST_CANDIDATES of them, skipping any whose estimate cannot beat the best time so far
+(roofline pruning). The fastest verified one is kept, then its kernel schedules are tuned.
+A candidate that fails to compile or to verify is skipped (and reported), never kept; if
+none survives, the first error is raised.
+
+The tuning database remembers, per graph and device, which candidate won and each kernel's
+schedule, so a second compile of the same model builds only that candidate and reads its
+schedules: the final program is still verified against the reference.
+
+A GPU target whose device is absent here (CUDA without a CUDA device, Metal off macOS) keeps
+the first candidate with default schedules, unverified and untimed, so that an artifact can
+be written now and run (or tuned) on the hardware later.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import os
+import pickle
 import statistics
 import time
+import warnings
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..autotune.progress import progress
 from ..backends import get_backend
 from ..errors import EclatError
 from ..ir.graph import Graph, numel
@@ -25,15 +42,17 @@ from .model import CompiledModel, InputSpec, _flatten
 
 RTOL, ATOL = 1e-3, 1e-4
 AUTOTUNE_MODES = ("none", "fast", "full")
+FAST_CANDIDATES = 4  # programs timed at most in "fast" mode, best roofline estimates first
 REFERENCE_BUDGET = 20_000_000  # elements the reference interpreter may touch on the lowered graph
 
 
 def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threads: int | None = None,
-                  autotune: str = "fast", cache_dir: str | None = None, k: int = 8, verify: bool = True,
-                  quiet: bool = False) -> CompiledModel:
+                  autotune: str = "fast", cache_dir: str | os.PathLike | None = None,
+                  db: Any = None, k: int = 8, verify: bool = True, quiet: bool = False) -> CompiledModel:
     """Compile model for target. threads: CPU threads per kernel (default 1: predictable, and
     no oversubscription when the caller runs several models); autotune: "none" keeps the
-    default schedules and skips device measurement."""
+    default schedules and skips device measurement; db: the tuning database (a path or a
+    TuningDB; default <cache_dir>/tuning.db) to read and record choices in."""
     start = time.perf_counter()
     if autotune not in AUTOTUNE_MODES:
         raise ValueError(f"autotune must be one of {AUTOTUNE_MODES}, given {autotune!r}")
@@ -44,23 +63,92 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
         example_inputs = tuple(example_inputs) if isinstance(example_inputs, list) else (example_inputs,)
     from ..frontend import lower
 
-    graph = lower(model, example_inputs)
     arrays = [_numpy(x) for x in _flatten(example_inputs)]
+    remember = None
+    if autotune != "none" and verify and hasattr(model, "state_dict"):
+        remember = _program_cache(model, example_inputs, target, k, threads, cache_dir)
+        cached = _from_program_cache(remember, model, example_inputs, arrays, target, threads, autotune,
+                                     cache_dir, db, quiet, start)
+        if cached is not None:
+            return cached
+    graph = lower(model, example_inputs)
     return compile_graph(graph, arrays, target, threads=threads, autotune=autotune, cache_dir=cache_dir,
-                         k=k, verify=verify, quiet=quiet, start=start)
+                         db=db, k=k, verify=verify, quiet=quiet, start=start, remember=remember)
 
 
 def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *, threads: int = 1,
-                  autotune: str = "fast", cache_dir: str | None = None, k: int = 8, verify: bool = True,
-                  quiet: bool = False, start: float | None = None) -> CompiledModel:
-    """The pipeline from a primitive graph and example input arrays."""
+                  autotune: str = "fast", cache_dir: str | os.PathLike | None = None, db: Any = None,
+                  k: int = 8, verify: bool = True, quiet: bool = False, start: float | None = None,
+                  remember: Path | None = None) -> CompiledModel:
+    """The pipeline from a primitive graph and example input arrays. remember: where to keep the
+    chosen candidate for the next compile of the same model (see _program_cache)."""
     start = time.perf_counter() if start is None else start
     backend = get_backend(target)
-    candidates, egraph = _candidates(graph, target, k)
-    reference = interpret(_reference_graph(graph, candidates), arrays) if verify else None
+    bars = True if quiet else None  # progress bars: on a terminal, unless quiet
+    with progress(total=1, desc="e-graph", quiet=bars) as bar:
+        candidates, egraph = _candidates(graph, target, k)
+        bar.update()
+    missing = _device_missing(target)
+    if missing:
+        return _deferred(graph, candidates, backend, target, threads, egraph, missing, start)
     device = _device(target, threads, cache_dir) if autotune != "none" else None
-    errors: list[str] = []
-    programs: list[tuple[float, int, Program]] = []
+    tdb, owned = _open_db(db, cache_dir) if device is not None else (None, False)
+    try:
+        reference = interpret(_reference_graph(graph, candidates), arrays) if verify else None
+        hits, misses = (tdb.hits, tdb.misses) if tdb is not None else (0, 0)
+        chosen_key = _choice_key(graph, k, backend.name, device) if tdb is not None else None
+        known = _known_choice(tdb, chosen_key, len(candidates))
+        built = None
+        if known is not None:  # the database's winner, built with its schedules, verified
+            built = _build_tuned(candidates[known], backend, device, autotune, threads, tdb, arrays,
+                                 reference, bars)
+        if built is not None:
+            exe, program = built
+            picked = {"errors": [], "timed": 0, "pruned": len(candidates) - 1}
+            n = known
+        else:
+            picked = _pick(candidates, backend, device, autotune, threads, arrays, reference, bars)
+            seconds, exe, program, n = picked["best"]
+            if tdb is not None:
+                tdb.put(chosen_key, {"candidate": n}, seconds * 1e6)
+                exe = _tuned(program, backend, device, autotune, threads, tdb, arrays, reference, exe, bars)
+        errors = picked["errors"]
+        for line in errors if not quiet else ():
+            print(f"eclat: skipped {line}")
+        counts = {"hits": tdb.hits - hits, "misses": tdb.misses - misses} if tdb is not None else {
+            "hits": 0, "misses": 0}
+        if remember is not None:
+            _write_program_cache(remember, candidates[n], n, graph)
+    finally:
+        if owned:
+            tdb.close()
+    report = _report(target, threads, device, egraph, len(candidates), picked["timed"], program, exe, start,
+                     errors)
+    report["candidates"]["pruned"] = picked["pruned"]
+    report["candidates"]["chosen"] = n
+    report["tuning_cache"] = counts
+    if autotune != "none":
+        _measure(report, exe, program, arrays, device)
+    return CompiledModel(exe, _specs(graph), graph.out_spec, report)
+
+
+def _specs(graph: Graph) -> list[InputSpec]:
+    return [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype) for n in graph.inputs]
+
+
+def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:
+    try:
+        from ..rewrites import optimize
+    except ImportError:
+        return [graph], {}
+    opt = optimize(graph, target, k)
+    return (opt.candidates or [graph]), dict(opt.stats)
+
+
+def _programs(candidates: list[Graph], device: Any, threads: int,
+              errors: list[str]) -> list[tuple[float, int, Program]]:
+    """(roofline estimate, candidate number, program), most promising first."""
+    programs = []
     for n, cand in enumerate(candidates):
         try:
             program = group(cand)
@@ -70,11 +158,20 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         for kern in program.kernels:
             kern.schedule = replace(kern.schedule, threads=threads)
         programs.append((_estimate_us(program, device), n, program))
-    programs.sort(key=lambda p: (p[0], p[1]))  # most promising first, then the e-graph's order
-    best: tuple[float, Any, Program] | None = None
+    return sorted(programs, key=lambda p: (p[0], p[1]))  # then the e-graph's own order
+
+
+def _pick(candidates: list[Graph], backend: Any, device: Any, mode: str, threads: int,
+          arrays: list[np.ndarray], reference: list[np.ndarray] | None, bars: bool | None) -> dict:
+    """The fastest verified candidate: {"best": (seconds, exe, program, n), "errors", "timed", "pruned"}."""
+    errors: list[str] = []
+    programs = _programs(candidates, device, threads, errors)
+    limit = FAST_CANDIDATES if mode == "fast" else len(programs)
+    best: tuple[float, Any, Program, int] | None = None
     timed = pruned = 0
-    for estimate, n, program in programs:
-        if best is not None and device is not None and _prune(estimate, best[0] * 1e6):
+    for estimate, n, program in progress(programs, desc="candidates", quiet=bars, unit="program"):
+        if best is not None and (timed >= limit or (mode != "full" and device is not None
+                                                    and _prune(estimate, best[0] * 1e6))):
             pruned += 1
             continue
         try:
@@ -88,56 +185,155 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
             errors.append(f"candidate {n}: {type(e).__name__}: {e}")
             continue
         if best is None or seconds < best[0]:
-            best = (seconds, exe, program)
-    for line in errors if not quiet else ():
-        print(f"eclat: skipped {line}")
+            best = (seconds, exe, program, n)
     if best is None:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors))
-    seconds, exe, program = best
-    counts = {"hits": 0, "misses": 0}
-    if autotune != "none" and device is not None and hasattr(exe, "profile"):
-        exe, counts = _tuned(program, backend, device, autotune, threads, cache_dir, arrays, reference, exe)
-    measured = exe.profile([np.ascontiguousarray(a) for a in arrays]) if autotune != "none" and hasattr(
-        exe, "profile") else None
-    specs = [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype) for n in graph.inputs]
-    report = _report(target, threads, device, egraph, len(candidates), timed, program, exe, start, errors)
-    report["candidates"]["pruned"] = pruned
-    report["tuning_cache"] = counts
-    if measured is not None:
-        for row, us in zip(report["kernels"], measured):
-            row["measured_us"] = round(us, 3)
-    return CompiledModel(exe, specs, graph.out_spec, report)
+    return {"best": best, "errors": errors, "timed": timed, "pruned": pruned}
 
 
-def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:
+def _build_tuned(candidate: Graph, backend: Any, device: Any, mode: str, threads: int, db: Any,
+                 arrays: list[np.ndarray], reference: list[np.ndarray] | None,
+                 bars: bool | None) -> tuple[Any, Program] | None:
+    """A remembered winner: grouped, its schedules read from the database (tuned if absent), built
+    once and verified; None when it no longer builds or verifies (then the caller searches)."""
     try:
-        from ..rewrites import optimize
-    except ImportError:
-        return [graph], {}
-    opt = optimize(graph, target, k)
-    return (opt.candidates or [graph]), dict(opt.stats)
+        [(_, _, program)] = _programs([candidate], device, threads, [])
+        exe = _tuned(program, backend, device, mode, threads, db, arrays, reference, None, bars)
+    except ValueError:  # the candidate no longer groups
+        return None
+    return None if exe is None else (exe, program)
 
 
-def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int, cache_dir: str | None,
-           arrays: list[np.ndarray], reference: list[np.ndarray] | None, exe: Any) -> tuple[Any, dict]:
+def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int, db: Any,
+           arrays: list[np.ndarray], reference: list[np.ndarray] | None, exe: Any, bars: bool | None) -> Any:
     """Tune the chosen program's schedules; keep the untuned build if the tuned one fails."""
-    from ..autotune import TuningDB
-    from .tune import tune
+    try:
+        if hasattr(backend, "tune"):  # GPU backends search their own schedule space
+            schedules = backend.tune(program, [np.ascontiguousarray(a) for a in arrays], mode, db,
+                                     device.fingerprint)
+            tuned = backend.compile(program, threads, schedules=schedules)
+        else:
+            from .tune import tune
 
-    db = TuningDB(cache=cache_dir, on_error="warn")
-    try:
-        tune(program, backend, device, db, mode, threads)
-        counts = {"hits": db.hits, "misses": db.misses}
-    finally:
-        db.close()
-    try:
-        tuned = backend.compile(program, threads)
+            tune(program, backend, device, db, mode, threads, quiet=bars)
+            tuned = backend.compile(program, threads)
         outs = tuned.run([np.ascontiguousarray(a) for a in arrays])
         if reference is not None:
             _verify(outs, reference)
     except Exception:  # never a fast wrong answer: fall back to the verified default schedules
-        return exe, counts
-    return tuned, counts
+        return exe
+    return tuned
+
+
+def _open_db(db: Any, cache_dir: str | os.PathLike | None) -> tuple[Any, bool]:
+    """(TuningDB, whether this compile opened it and must close it)."""
+    from ..autotune import TuningDB
+
+    if isinstance(db, TuningDB):
+        return db, False
+    if db is not None and not isinstance(db, (str, os.PathLike)):
+        raise TypeError(f"db must be a path or a TuningDB, given {type(db).__name__}")
+    return TuningDB(db, cache=cache_dir, on_error="warn"), True
+
+
+# --- the program cache: a second compile of the same model skips export and the e-graph ----------------
+
+def _program_cache(model: Any, example_inputs: tuple, target: str, k: int, threads: int,
+                   cache_dir: str | os.PathLike | None) -> Path:
+    """Where the chosen candidate of this model is kept: keyed by the source files of the model's
+    classes, its state (names, shapes and values), the inputs' shapes and dtypes, the options and
+    eclat's own sources. Whatever the key misses (a global a forward reads), the final program's
+    check against the model run by torch catches."""
+    import torch
+
+    from ..autotune import cache_dir as root
+
+    h = hashlib.sha256(f"{target}|{k}|{threads}|{torch.__version__}".encode())
+    for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
+        h.update(cls.__qualname__.encode())
+        try:
+            h.update(Path(inspect.getsourcefile(cls) or "").read_bytes())
+        except (OSError, TypeError):
+            h.update(b"?")
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    for x in _flatten(example_inputs):
+        h.update(f"{tuple(getattr(x, 'shape', ()))}|{getattr(x, 'dtype', type(x))}".encode())
+    for f in sorted(Path(__file__).parent.parent.rglob("*.py")):  # eclat's version, to the edit
+        h.update(f"{f}|{f.stat().st_mtime_ns}".encode())
+    return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.pkl"
+
+
+def _write_program_cache(path: Path, candidate: Graph, n: int, graph: Graph) -> None:
+    """Keep the chosen candidate (atomically; a cache that cannot be written is only slower)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            pickle.dump({"candidate": candidate, "n": n, "specs": _specs(graph)}, f)
+        os.replace(tmp, path)
+    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+        pass
+
+
+def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: list[np.ndarray],
+                        target: str, threads: int, mode: str, cache_dir: Any, db: Any, quiet: bool,
+                        start: float) -> CompiledModel | None:
+    """The remembered candidate built with the database's schedules and verified against the model
+    as torch runs it; None when there is none or it does not verify (then compile afresh)."""
+    try:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's notice about its own LeafSpec
+            kept = pickle.load(f)
+        candidate, n, specs = kept["candidate"], kept["n"], kept["specs"]
+    except FileNotFoundError:
+        return None
+    except Exception:  # a truncated or foreign file: compile afresh, and overwrite it then
+        return None
+    backend = get_backend(target)
+    device = _device(target, threads, cache_dir)
+    if device is None or _device_missing(target):
+        return None
+    import torch
+
+    with torch.no_grad():
+        reference = [_numpy(t) for t in torch.utils._pytree.tree_leaves(model(*example_inputs))]
+    tdb, owned = _open_db(db, cache_dir)
+    try:
+        hits, misses = tdb.hits, tdb.misses
+        built = _build_tuned(candidate, backend, device, mode, threads, tdb, arrays, reference,
+                             True if quiet else None)
+        counts = {"hits": tdb.hits - hits + 1, "misses": tdb.misses - misses}  # + the program itself
+    finally:
+        if owned:
+            tdb.close()
+    if built is None:
+        return None
+    exe, program = built
+    report = _report(target, threads, device, {}, 1, 0, program, exe, start, [])
+    report["candidates"].update(chosen=n, cached=True)
+    report["tuning_cache"] = counts
+    _measure(report, exe, program, arrays, device)
+    return CompiledModel(exe, specs, candidate.out_spec, report)
+
+
+def _choice_key(graph: Graph, k: int, backend: str, device: Any) -> Any:
+    """The database key of a graph's chosen candidate: its structure and shapes (not its weight
+    values, which do not change which program is fastest), k, backend and device."""
+    from ..autotune import TuningKey
+
+    weights = sorted((name, w.shape, str(w.dtype)) for name, w in graph.weights.items())
+    text = f"{graph}|{weights}|k={k}"
+    return TuningKey.make("program:" + hashlib.sha256(text.encode()).hexdigest()[:24], [], "", backend,
+                          device.fingerprint)
+
+
+def _known_choice(db: Any, key: Any, count: int) -> int | None:
+    entry = db.get(key) if db is not None else None
+    n = entry.schedule.get("candidate") if entry is not None else None
+    return n if isinstance(n, int) and 0 <= n < count else None
 
 
 def _estimate_us(program: Program, device: Any) -> float:
@@ -165,7 +361,7 @@ def _reference_graph(graph: Graph, candidates: list[Graph]) -> Graph:
     return graph if work <= REFERENCE_BUDGET or not candidates else candidates[0]
 
 
-def _device(target: str, threads: int, cache_dir: str | None) -> Any:
+def _device(target: str, threads: int, cache_dir: str | os.PathLike | None) -> Any:
     try:
         from ..autotune import get_device
 
@@ -173,6 +369,69 @@ def _device(target: str, threads: int, cache_dir: str | None) -> Any:
     except (ImportError, EclatError):
         return None
 
+
+# --- GPU targets without their device here ---------------------------------------------------------
+
+def _cuda_missing() -> str | None:
+    from ..backends.cuda.runtime import driver
+
+    try:
+        driver()
+    except EclatError as e:
+        return str(e)
+    return None
+
+
+def _metal_missing() -> str | None:
+    from ..backends.metal.runtime import _metal
+
+    try:
+        metal = _metal()
+    except EclatError as e:
+        return str(e)
+    return None if metal.MTLCreateSystemDefaultDevice() is not None else "no Metal device found"
+
+
+# target kind -> () -> why its device cannot run here (None: it can); others always can try
+DEVICE_PROBES = {"cuda": _cuda_missing, "metal": _metal_missing}
+
+
+def _device_missing(target: str) -> str | None:
+    probe = DEVICE_PROBES.get(target.partition(":")[0])
+    return probe() if probe is not None else None
+
+
+class DeferredExecutable:
+    """A GPU program rendered for a device absent here: it can be saved as an artifact (source,
+    schedules, launch sizes); running it raises why it cannot run."""
+
+    def __init__(self, program: Program, dialect: str, reason: str, schedules: dict | None = None):
+        from ..backends.gpu_c import render_program
+
+        self.program, self.reason = program, reason
+        self.rendered = render_program(program, dialect, schedules)
+        self.loaded_from = "source"
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        raise EclatError(f"cannot run this {self.rendered.dialect} program here: {self.reason}")
+
+
+def _deferred(graph: Graph, candidates: list[Graph], backend: Any, target: str, threads: int, egraph: dict,
+              reason: str, start: float) -> CompiledModel:
+    errors: list[str] = []
+    programs = _programs(candidates, None, threads, errors)
+    if not programs:
+        raise EclatError("no candidate could be grouped into kernels:\n  " + "\n  ".join(errors))
+    _, n, program = programs[0]
+    exe = DeferredExecutable(program, backend.name, reason)
+    report = _report(target, threads, None, egraph, len(candidates), 0, program, exe, start, errors)
+    report["candidates"]["chosen"] = n
+    report["notes"] = [f"{reason}: kept candidate {n} with default schedules, unverified and untimed; "
+                       f"tune it on the hardware (`eclat autotune`)"]
+    return CompiledModel(exe, _specs(graph), graph.out_spec, report)
+
+
+# --- verification, timing, report ------------------------------------------------------------------
 
 def _numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):
@@ -207,9 +466,28 @@ def _time(exe: Any, arrays: list[np.ndarray], budget: float = 0.2, most: int = 2
     return statistics.median(samples)
 
 
+def _kernel_times_us(exe: Any, program: Program, arrays: list[np.ndarray]) -> list[float] | None:
+    """Microseconds of each kernel alone: the CPU's profile, or a GPU's per-kernel timer."""
+    inputs = [np.ascontiguousarray(a) for a in arrays]
+    if hasattr(exe, "profile"):
+        return exe.profile(inputs)
+    if hasattr(exe, "time_kernel"):
+        exe.run(inputs)  # every buffer holds real values
+        return [exe.time_kernel(k.name) * 1e6 for k in program.kernels]
+    return None
+
+
+def _measure(report: dict, exe: Any, program: Program, arrays: list[np.ndarray], device: Any) -> None:
+    """Fill each kernel's measured_us and the share of the roofline it achieves."""
+    measured = _kernel_times_us(exe, program, arrays)
+    for row, us in zip(report["kernels"], measured or ()):
+        row["measured_us"] = round(us, 3)
+        if device is not None and us > 0:
+            row["roofline_share"] = round(row["estimated_us"] / us, 4)
+
+
 def _report(target: str, threads: int, device: Any, egraph: dict, extracted: int, timed: int,
-            program: Program,
-            exe: Any, start: float, errors: list[str]) -> dict:
+            program: Program, exe: Any, start: float, errors: list[str]) -> dict:
     dev = {"name": None, "fingerprint": None, "peak_gflops": None, "peak_gbps": None}
     if device is not None:
         dev = {"name": device.name, "fingerprint": device.fingerprint,
@@ -223,7 +501,7 @@ def _report(target: str, threads: int, device: Any, egraph: dict, extracted: int
 
             est = round(estimate_us(f, b, device), 3)
         kernels.append({"name": kern.name, "ops": kern.ops, "flops": f, "bytes": b,
-                        "estimated_us": est, "measured_us": None})
+                        "estimated_us": est, "measured_us": None, "roofline_share": None})
     plan = getattr(exe, "plan", None)
     return {
         "target": target,

@@ -22,12 +22,15 @@ FAST_SCHEDULES = 6
 
 
 def kernel_key(kernel: Kernel, program: Program) -> str:
-    """A hash of the kernel's structure with its buffers named by order of use and role."""
+    """A hash of the kernel's structure with its buffers named by order of use and role, and its
+    reduction variables by order of appearance: the same layer repeated shares one entry."""
     names: dict[str, str] = {}
     for x in loads(kernel.body):
         buf = program.buffers[x.buffer]
         names.setdefault(x.buffer, f"b{len(names)}{'w' if buf.role == 'weight' else ''}")
     text = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={names.get(m.group(1), '?')}", str(kernel.body))
+    variables: dict[str, str] = {}
+    text = re.sub(r"\br\d+\b", lambda m: variables.setdefault(m.group(0), f"r{len(variables)}"), text)
     return hashlib.sha256(f"{kernel.shape}|{text}".encode()).hexdigest()[:24]
 
 
@@ -56,11 +59,15 @@ def _random(buf: Buffer, rng: np.random.Generator) -> np.ndarray:
     return np.zeros(buf.numel, buf.dtype.np)  # indices: row 0 is always in range
 
 
-def tune(program: Program, backend: Any, device: Any, db: Any, mode: str, threads: int) -> dict[str, int]:
-    """Set each kernel's schedule from the database or by timing; returns counts."""
+def tune(program: Program, backend: Any, device: Any, db: Any, mode: str, threads: int,
+         quiet: bool | None = True) -> dict[str, int]:
+    """Set each kernel's schedule from the database or by timing; returns counts.
+    quiet: no progress bar (None: a bar on a terminal)."""
+    from ..autotune.progress import progress
+
     rng = np.random.default_rng(0)
     tuned = 0
-    for kernel in program.kernels:
+    for kernel in progress(program.kernels, desc="tuning", quiet=quiet, unit="kernel"):
         if mode == "fast" and as_contraction(kernel) is None:
             continue
         space = schedule_space(kernel, threads)
