@@ -72,10 +72,7 @@ def load_factory(spec: str) -> tuple[Any, tuple]:
 
 def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
     """Compile the model named by spec with the command's options: (compiled, model, inputs)."""
-    import inspect
-
     import eclat
-    from eclat.compiler.pipeline import compile_model
 
     model, inputs = load_factory(spec)
     options: dict[str, Any] = {"autotune": args.autotune, "quiet": args.quiet}
@@ -84,8 +81,6 @@ def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
     if getattr(args, "candidates", None):
         options["k"] = args.candidates
     if getattr(args, "db", None):
-        if "db" not in inspect.signature(compile_model).parameters:
-            raise Failure("this eclat's compiler does not take a tuning database yet (--db)")
         options["db"] = args.db
     return eclat.compile(model, inputs, target=args.target, **options), model, inputs
 
