@@ -160,7 +160,7 @@ def test_damaged_artifacts_give_a_clear_error(saved, tmp_path, damage, message):
 
 @pytest.mark.parametrize("edit,message", [
     (lambda m: m.update(format_version=FORMAT_VERSION + 1), "format version 2.*upgrade eclat"),
-    (lambda m: m.update(target="metal"), "compiled for target 'metal'"),
+    (lambda m: m.update(target="tpu"), "compiled for target 'tpu'"),
     (lambda m: m.update(format="something-else"), "not an eclat artifact"),
     (lambda m: m["program"].pop("kernels"), "malformed manifest"),
 ])
@@ -177,7 +177,7 @@ def test_missing_file_and_unsaveable_targets(tmp_path, saved):
 
     class Other:
         program = None
-    model = eclat.CompiledModel(Other(), [], None, {"target": "cuda"})
+    model = eclat.CompiledModel(Other(), [], None, {"target": "tpu"})
     with pytest.raises(ArtifactError, match="not supported yet"):
         save_artifact(model, str(tmp_path / "x.eclat"))
     assert not (tmp_path / "x.eclat").exists()

@@ -4,15 +4,17 @@
                          program (buffers, kernels as expression DAGs, schedules), the memory
                          plan, input/output names, shapes and dtypes, output structure, report
     weights.safetensors  every weight buffer (packed panels included), flat
-    kernels.ll / .cl     the backend's kernel source (LLVM IR for the CPU, OpenCL C)
+    kernels.ll/.cl/.cu/.metal  the backend's kernel source (LLVM IR for the CPU, OpenCL C, CUDA, Metal)
     kernels.o            compiled object code where the backend has it (CPU: the host's)
 
 Loading reads the object code straight into an MCJIT engine, so nothing is optimised
 again; when the object was built for another CPU (missing features, other triple) or
-cannot be loaded, the stored IR is compiled instead. OpenCL artifacts hold the source and
-the GPU schedules; the driver builds them at load. Loading imports neither torch nor
-egglog. Expression DAGs are stored as a node table: children before parents, a node's
-children referenced by their index, so shared subtrees are stored once.
+cannot be loaded, the stored IR is compiled instead. GPU artifacts (OpenCL, CUDA, Metal)
+hold the source, the GPU schedules and launch sizes; the driver builds them at load. A
+CUDA or Metal artifact loads where its device is absent, and running it says why it cannot.
+Loading imports neither torch nor egglog. Expression DAGs are stored as a node table:
+children before parents, a node's children referenced by their index, so shared subtrees
+are stored once.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .model import CompiledModel, InputSpec
 FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
 MANIFEST, WEIGHTS, SOURCE, OBJECT = "manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"
-SOURCE_CL = "kernels.cl"
+SOURCE_CL, SOURCE_CU, SOURCE_METAL = "kernels.cl", "kernels.cu", "kernels.metal"
 
 
 class ArtifactError(EclatError):
@@ -161,7 +163,8 @@ def save_artifact(model: CompiledModel, path: str | os.PathLike) -> None:
     with zipfile.ZipFile(tmp, "w") as z:
         z.writestr(MANIFEST, json.dumps(manifest, indent=1), zipfile.ZIP_DEFLATED)
         for name, data in files.items():
-            text = name in (SOURCE, SOURCE_CL)  # sources compress well; binaries are read in place
+            # sources compress well; binaries are read in place
+            text = name in (SOURCE, SOURCE_CL, SOURCE_CU, SOURCE_METAL)
             z.writestr(name, data, zipfile.ZIP_DEFLATED if text else zipfile.ZIP_STORED)
     os.replace(tmp, path)
 
@@ -382,25 +385,47 @@ def _compile_source(source: str, where: str) -> Any:
         raise ArtifactError(f"{where}: the stored kernel source does not compile here: {e}") from None
 
 
-# --- OpenCL: the rendered source and the GPU schedules; the driver builds it at load -------------------
+# --- GPUs: the rendered source, the schedules and launch sizes; the driver builds it at load ------------
 
-def _pack_opencl(exe: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+# target kind -> (kernel source member, "module:Executable" that renders and builds it)
+GPU_SOURCES = {"opencl": (SOURCE_CL, "eclat.backends.opencl.runtime:OpenCLExecutable"),
+               "cuda": (SOURCE_CU, "eclat.backends.cuda.runtime:CudaExecutable"),
+               "metal": (SOURCE_METAL, "eclat.backends.metal.runtime:MetalExecutable")}
+
+
+def _pack_gpu(exe: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+    kind = exe.rendered.dialect
     schedules = {k.name: dataclasses.asdict(k.schedule) for k in exe.rendered.kernels}
-    device = exe.queue.device
-    native = {"device": {"kind": "opencl", "name": device.name.strip(),
-                         "platform": device.platform.name.strip()}, "schedules": schedules}
-    return native, {SOURCE_CL: exe.rendered.source.encode()}
+    launches = {k.name: {"groups": k.groups, "threads": k.threads, "args": list(k.args)}
+                for k in exe.rendered.kernels}
+    device: dict[str, Any] = {"kind": kind}
+    queue = getattr(exe, "queue", None)
+    if queue is not None:  # OpenCL: the device it was built and tuned on
+        device.update(name=queue.device.name.strip(), platform=queue.device.platform.name.strip())
+    native = {"device": device, "schedules": schedules, "launches": launches}
+    return native, {GPU_SOURCES[kind][0]: exe.rendered.source.encode()}
 
 
-def _load_opencl(program: Program, plan: MemoryPlan | None, manifest: dict[str, Any], files: dict[str, bytes],
-                 where: str) -> Any:
+def _load_gpu(program: Program, plan: MemoryPlan | None, manifest: dict[str, Any], files: dict[str, bytes],
+              where: str) -> Any:
+    """Render the stored schedules again (the driver compiles them); where the target's device is
+    absent, an executable whose run says so."""
+    from importlib import import_module
+
     from ..backends.gpu_c import GpuSchedule
-    from ..backends.opencl.runtime import OpenCLExecutable
+    from .pipeline import DeferredExecutable, device_missing
 
+    kind = str(manifest["target"]).partition(":")[0]
+    member, made_by = GPU_SOURCES[kind]
     schedules = {name: GpuSchedule(**{f: tuple(v) if isinstance(v, list) else v for f, v in d.items()})
                  for name, d in manifest["native"]["schedules"].items()}
-    exe = OpenCLExecutable(program, schedules)  # renders the same kernels again; the driver compiles them
-    if exe.rendered.source.encode() != files.get(SOURCE_CL):
+    missing = device_missing(kind)
+    if missing:
+        exe = DeferredExecutable(program, kind, missing, schedules)
+    else:
+        module, _, cls = made_by.partition(":")
+        exe = getattr(import_module(module), cls)(program, schedules)
+    if exe.rendered.source.encode() != files.get(member):
         raise ArtifactError(f"{where}: this eclat renders the stored kernels differently from the eclat "
                             f"that wrote it ({manifest.get('eclat_version')}); recompile the model")
     exe.loaded_from = "source"
@@ -408,7 +433,7 @@ def _load_opencl(program: Program, plan: MemoryPlan | None, manifest: dict[str, 
 
 
 # target kind -> (pack: executable -> (native manifest part, files), load)
-CODECS = {"cpu": (_pack_cpu, _load_cpu), "opencl": (_pack_opencl, _load_opencl)}
+CODECS = {"cpu": (_pack_cpu, _load_cpu), **{kind: (_pack_gpu, _load_gpu) for kind in GPU_SOURCES}}
 
 
 def artifact_bytes(path: str | os.PathLike) -> dict[str, int]:

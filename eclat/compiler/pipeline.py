@@ -88,7 +88,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     with progress(total=1, desc="e-graph", quiet=bars) as bar:
         candidates, egraph = _candidates(graph, target, k)
         bar.update()
-    missing = _device_missing(target)
+    missing = device_missing(target)
     if missing:
         return _deferred(graph, candidates, backend, target, threads, egraph, missing, start)
     device = _device(target, threads, cache_dir) if autotune != "none" else None
@@ -294,7 +294,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
         return None
     backend = get_backend(target)
     device = _device(target, threads, cache_dir)
-    if device is None or _device_missing(target):
+    if device is None or device_missing(target):
         return None
     import torch
 
@@ -396,7 +396,8 @@ def _metal_missing() -> str | None:
 DEVICE_PROBES = {"cuda": _cuda_missing, "metal": _metal_missing}
 
 
-def _device_missing(target: str) -> str | None:
+def device_missing(target: str) -> str | None:
+    """Why target's device cannot run programs here; None when it can (or may: OpenCL, CPU)."""
     probe = DEVICE_PROBES.get(target.partition(":")[0])
     return probe() if probe is not None else None
 
