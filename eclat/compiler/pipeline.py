@@ -261,8 +261,8 @@ def _program_cache(model: Any, example_inputs: tuple, target: str, k: int, threa
         h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     for x in _flatten(example_inputs):
         h.update(f"{tuple(getattr(x, 'shape', ()))}|{getattr(x, 'dtype', type(x))}".encode())
-    for f in sorted(Path(__file__).parent.parent.rglob("*.py")):  # eclat's version, to the edit
-        h.update(f"{f}|{f.stat().st_mtime_ns}".encode())
+    for f in sorted(Path(__file__).parent.parent.rglob("*.py")):  # eclat's own version, to the edit
+        h.update(f.read_bytes())
     return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.pkl"
 
 

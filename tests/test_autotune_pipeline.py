@@ -1,0 +1,82 @@
+"""Autotuning through compile_model: a second compile of the same model reads the tuning database
+and the program cache instead of searching, and is still verified."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import eclat
+from eclat.compiler import pipeline
+from tests.zoo import make_llama
+
+
+def _timed_compile(model, inputs, cache):
+    start = time.perf_counter()
+    compiled = eclat.compile(model, inputs, autotune="fast", k=2, cache_dir=cache, quiet=True)
+    return compiled, time.perf_counter() - start
+
+
+def test_second_compile_reads_the_cache_and_is_much_faster(tmp_path):
+    model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
+    first, first_s = _timed_compile(model, inputs, tmp_path)
+    second, second_s = _timed_compile(model, inputs, tmp_path)
+    one, two = first.report(), second.report()
+    assert one["tuning_cache"]["misses"] >= 2 and two["tuning_cache"]["misses"] == 0
+    assert two["tuning_cache"]["hits"] == one["tuning_cache"]["hits"] + one["tuning_cache"]["misses"]
+    assert two["candidates"]["cached"] and two["candidates"]["chosen"] == one["candidates"]["chosen"]
+    assert second_s * 3 < first_s, (first_s, second_s)
+    with torch.no_grad():
+        want = model(*inputs)
+    torch.testing.assert_close(second(*inputs), want, rtol=1e-3, atol=1e-4)
+    for row in two["kernels"]:  # per kernel: the roofline's estimate, the measurement, the share achieved
+        assert row["flops"] >= 0 and row["bytes"] > 0 and row["estimated_us"] > 0 and row["measured_us"] >= 0
+        if row["measured_us"] > 0:
+            assert row["roofline_share"] == pytest.approx(row["estimated_us"] / row["measured_us"], rel=1e-2)
+    assert set(one["candidates"]) >= {"extracted", "pruned", "timed"}
+    assert one["candidates"]["timed"] <= pipeline.FAST_CANDIDATES
+
+
+class Affine(torch.nn.Module):
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) + 1.0
+
+
+def test_a_wrong_cached_program_is_caught_and_replaced(tmp_path):
+    """The program cache is checked against the model run by torch: another model's program
+    placed under this model's key is rejected and compiled afresh."""
+    x = (torch.randn(2, 8),)
+    a, b = Affine(0).eval(), Affine(1).eval()
+    eclat.compile(a, x, autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
+    key_a = pipeline._program_cache(a, x, "cpu", 1, 1, tmp_path)
+    key_b = pipeline._program_cache(b, x, "cpu", 1, 1, tmp_path)
+    assert key_a.exists() and key_a != key_b
+    key_b.write_bytes(key_a.read_bytes())  # b's entry now holds a's weights
+    compiled = eclat.compile(b, x, autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
+    assert not compiled.report()["candidates"].get("cached")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*x), b(*x), rtol=1e-3, atol=1e-4)
+    key_b.write_bytes(b"not a pickle")  # a damaged entry: compiled afresh as well
+    again = eclat.compile(b, x, autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(again(*x), b(*x), rtol=1e-3, atol=1e-4)
+
+
+def test_a_foreign_database_warns_and_still_compiles(tmp_path):
+    bad = tmp_path / "tuning.db"
+    bad.write_text("not sqlite")
+    x = (torch.randn(2, 8),)
+    model = Affine(0).eval()
+    with pytest.warns(UserWarning, match="not a usable tuning database"):
+        compiled = eclat.compile(model, x, autotune="fast", k=1, db=bad, cache_dir=tmp_path, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-3, atol=1e-4)
+    with pytest.raises(TypeError, match="db must be a path or a TuningDB"):
+        eclat.compile(model, x, autotune="fast", k=1, db=42, cache_dir=tmp_path / "other", quiet=True)
