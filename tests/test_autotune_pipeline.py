@@ -55,8 +55,8 @@ def test_a_wrong_cached_program_is_caught_and_replaced(tmp_path):
     x = (torch.randn(2, 8),)
     a, b = Affine(0).eval(), Affine(1).eval()
     eclat.compile(a, x, autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
-    key_a = pipeline._program_cache(a, x, "cpu", 1, 1, tmp_path)
-    key_b = pipeline._program_cache(b, x, "cpu", 1, 1, tmp_path)
+    key_a = pipeline._program_cache(a, x, "cpu", "fast", 1, 1, tmp_path)
+    key_b = pipeline._program_cache(b, x, "cpu", "fast", 1, 1, tmp_path)
     assert key_a.exists() and key_a != key_b
     key_b.write_bytes(key_a.read_bytes())  # b's entry now holds a's weights
     compiled = eclat.compile(b, x, autotune="fast", k=1, cache_dir=tmp_path, quiet=True)

@@ -66,7 +66,7 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
     arrays = [_numpy(x) for x in _flatten(example_inputs)]
     remember = None
     if autotune != "none" and verify and hasattr(model, "state_dict"):
-        remember = _program_cache(model, example_inputs, target, k, threads, cache_dir)
+        remember = _program_cache(model, example_inputs, target, autotune, k, threads, cache_dir)
         cached = _from_program_cache(remember, model, example_inputs, arrays, target, threads, autotune,
                                      cache_dir, db, quiet, start)
         if cached is not None:
@@ -96,7 +96,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     try:
         reference = interpret(_reference_graph(graph, candidates), arrays) if verify else None
         hits, misses = (tdb.hits, tdb.misses) if tdb is not None else (0, 0)
-        chosen_key = _choice_key(graph, k, backend.name, device) if tdb is not None else None
+        chosen_key = _choice_key(graph, autotune, k, backend.name, device) if tdb is not None else None
         known = _known_choice(tdb, chosen_key, len(candidates))
         built = None
         if known is not None:  # the database's winner, built with its schedules, verified
@@ -238,7 +238,7 @@ def _open_db(db: Any, cache_dir: str | os.PathLike | None) -> tuple[Any, bool]:
 
 # --- the program cache: a second compile of the same model skips export and the e-graph ----------------
 
-def _program_cache(model: Any, example_inputs: tuple, target: str, k: int, threads: int,
+def _program_cache(model: Any, example_inputs: tuple, target: str, mode: str, k: int, threads: int,
                    cache_dir: str | os.PathLike | None) -> Path:
     """Where the chosen candidate of this model is kept: keyed by the source files of the model's
     classes, its state (names, shapes and values), the inputs' shapes and dtypes, the options and
@@ -248,7 +248,7 @@ def _program_cache(model: Any, example_inputs: tuple, target: str, k: int, threa
 
     from ..autotune import cache_dir as root
 
-    h = hashlib.sha256(f"{target}|{k}|{threads}|{torch.__version__}".encode())
+    h = hashlib.sha256(f"{target}|{mode}|{k}|{threads}|{torch.__version__}".encode())
     for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
         h.update(cls.__qualname__.encode())
         try:
@@ -288,9 +288,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
             warnings.simplefilter("ignore", FutureWarning)  # torch's notice about its own LeafSpec
             kept = pickle.load(f)
         candidate, n, specs = kept["candidate"], kept["n"], kept["specs"]
-    except FileNotFoundError:
-        return None
-    except Exception:  # a truncated or foreign file: compile afresh, and overwrite it then
+    except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
     backend = get_backend(target)
     device = _device(target, threads, cache_dir)
@@ -298,8 +296,11 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
         return None
     import torch
 
-    with torch.no_grad():
-        reference = [_numpy(t) for t in torch.utils._pytree.tree_leaves(model(*example_inputs))]
+    try:
+        with torch.no_grad():
+            reference = [_numpy(t) for t in torch.utils._pytree.tree_leaves(model(*example_inputs))]
+    except Exception:  # a model torch cannot run eagerly here: no check, so no cache
+        return None
     tdb, owned = _open_db(db, cache_dir)
     try:
         hits, misses = tdb.hits, tdb.misses
@@ -319,13 +320,13 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
     return CompiledModel(exe, specs, candidate.out_spec, report)
 
 
-def _choice_key(graph: Graph, k: int, backend: str, device: Any) -> Any:
+def _choice_key(graph: Graph, mode: str, k: int, backend: str, device: Any) -> Any:
     """The database key of a graph's chosen candidate: its structure and shapes (not its weight
-    values, which do not change which program is fastest), k, backend and device."""
+    values, which do not change which program is fastest), the search mode, k, backend and device."""
     from ..autotune import TuningKey
 
     weights = sorted((name, w.shape, str(w.dtype)) for name, w in graph.weights.items())
-    text = f"{graph}|{weights}|k={k}"
+    text = f"{graph}|{weights}|{mode}|k={k}"
     return TuningKey.make("program:" + hashlib.sha256(text.encode()).hexdigest()[:24], [], "", backend,
                           device.fingerprint)
 

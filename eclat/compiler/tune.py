@@ -81,7 +81,7 @@ def tune(program: Program, backend: Any, device: Any, db: Any, mode: str, thread
             key = TuningKey.make(kernel_key(kernel, program), kernel.shape, kernel.body.dtype, backend.name,
                                  device.fingerprint)
             entry = db.get(key)
-            if entry is not None:
+            if entry is not None and (mode != "full" or entry.meta.get("mode") == "full"):
                 kernel.schedule = _schedule_from(entry.schedule)
                 continue
         sub = isolate(program, kernel)
@@ -102,5 +102,5 @@ def tune(program: Program, backend: Any, device: Any, db: Any, mode: str, thread
         kernel.schedule = best[1]
         tuned += 1
         if key is not None:
-            db.put(key, best[1], best[0], keep_faster=True)
+            db.put(key, best[1], best[0], {"mode": mode}, keep_faster=True)
     return {"tuned": tuned}
