@@ -104,6 +104,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
 
     compiled, _, _ = _compile(args.model, args)
     save_artifact(compiled, args.output)
+    for note in compiled.report().get("notes", []):  # e.g. kept untuned: the device is absent here
+        print(f"eclat: {note}", file=sys.stderr)
     kernels = compiled.report().get("kernels", [])
     print(f"{args.output}: {len(kernels)} kernels, {os.path.getsize(args.output)} bytes, "
           f"compiled for {args.target} in {time.perf_counter() - t:.1f} s")

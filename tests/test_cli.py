@@ -178,3 +178,15 @@ def test_module_entry_point():
     r = subprocess.run([sys.executable, "-m", "eclat.cli", "--help"], capture_output=True, text=True,
                        cwd=ROOT, timeout=60)
     assert r.returncode == 0 and all(c in r.stdout for c in ("compile", "autotune", "devices"))
+
+
+def test_cuda_artifact_without_a_cuda_device(work, tmp_path, capsys):
+    from eclat.compiler.pipeline import device_missing
+
+    if not device_missing("cuda"):
+        pytest.skip("a CUDA device is here")
+    artifact = tmp_path / "tiny_cuda.eclat"
+    assert main(["compile", work["spec"], "--target", "cuda", "-o", str(artifact), *FAST]) == 0
+    assert "no CUDA device found" in capsys.readouterr().err
+    code = main(["run", str(artifact), "--inputs", str(work["folder"] / "x.npy")])
+    assert code == 1 and "no CUDA device found" in capsys.readouterr().err
