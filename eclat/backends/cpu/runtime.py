@@ -13,6 +13,15 @@ from .codegen import build_module
 from .jit import Jitted
 
 
+def _data(a: np.ndarray) -> int:
+    """a's data pointer. ndarray.ctypes and __array_interface__ build objects (3 us each
+    here); a ctypes view of the buffer is 1 us. Read-only or empty arrays take the slow way."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):
+        return a.ctypes.data
+
+
 class CpuExecutable:
     """Program -> native code. `run(inputs)` takes contiguous arrays of the right
     shapes and dtypes (the caller validates) and returns fresh output arrays."""
@@ -41,19 +50,27 @@ class CpuExecutable:
                 self._keep.append(data)
                 self._slots[j] = data.ctypes.data if data.size else arena_ptr
 
+        # per call work precomputed: a model step is a few microseconds of Python, not tens
+        self._address = ctypes.addressof(self._slots)
+        self._in_slots = [self._index[name] for name in program.inputs]
+        self._out_specs = [(self._index[name], tuple(shape), program.buffers[name].dtype.np)
+                           for name, shape in zip(program.outputs, program.output_shapes)]
+
     def _bind(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        p = self.program
-        outs = [np.empty(p.buffers[name].numel, dtype=p.buffers[name].dtype.np) for name in p.outputs]
-        for name, a in zip(p.inputs, inputs):
-            self._slots[self._index[name]] = a.ctypes.data
-        for name, a in zip(p.outputs, outs):
-            self._slots[self._index[name]] = a.ctypes.data
+        slots = self._slots
+        for j, a in zip(self._in_slots, inputs):
+            slots[j] = _data(a)
+        outs = []
+        for j, shape, dtype in self._out_specs:
+            o = np.empty(shape, dtype)
+            slots[j] = _data(o)
+            outs.append(o)
         return outs
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         outs = self._bind(inputs)
-        self._fn(ctypes.addressof(self._slots))
-        return [o.reshape(s) for o, s in zip(outs, self.program.output_shapes)]
+        self._fn(self._address)
+        return outs
 
     def profile(self, inputs: list[np.ndarray], repeats: int = 5) -> list[float]:
         """Median microseconds of each kernel alone, in program order (inputs as for run)."""
