@@ -8,7 +8,6 @@ Every place that takes a size accepts `sint` = int | Expr.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -253,11 +252,3 @@ def prod(xs) -> sint:
 def sym_eq(a: sint, b: sint) -> bool:
     """Structural equality of sizes (int 3 == Num(3))."""
     return to_expr(a) == to_expr(b)
-
-
-def gcd_all(xs) -> int:
-    g = 0
-    for x in xs:
-        v = as_int(x)
-        g = math.gcd(g, v) if v is not None else 1
-    return g
