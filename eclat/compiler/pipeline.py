@@ -284,6 +284,8 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
     """The remembered candidate built with the database's schedules and verified against the model
     as torch runs it; None when there is none or it does not verify (then compile afresh)."""
     try:
+        from ..rewrites import composites  # noqa: F401 - registers the composite ops a candidate holds
+
         with open(path, "rb") as f, warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's notice about its own LeafSpec
             kept = pickle.load(f)
