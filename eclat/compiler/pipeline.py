@@ -99,9 +99,10 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         chosen_key = _choice_key(graph, autotune, k, backend.name, device) if tdb is not None else None
         known = _known_choice(tdb, chosen_key, len(candidates))
         built = None
-        if known is not None:  # the database's winner, built with its schedules, verified
-            built = _build_tuned(candidates[known], backend, device, autotune, threads, tdb, arrays,
-                                 reference, bars)
+        grouped = _programs([candidates[known]], device, threads, []) if known is not None else []
+        if grouped:  # the database's winner, built with its schedules, verified
+            built = _build_tuned(grouped[0][2], backend, device, autotune, threads, tdb, arrays, reference,
+                                 bars)
         if built is not None:
             exe, program = built
             picked = {"errors": [], "timed": 0, "pruned": len(candidates) - 1}
@@ -118,7 +119,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         counts = {"hits": tdb.hits - hits, "misses": tdb.misses - misses} if tdb is not None else {
             "hits": 0, "misses": 0}
         if remember is not None:
-            _write_program_cache(remember, candidates[n], n, graph)
+            _write_program_cache(remember, program, n, graph)
     finally:
         if owned:
             tdb.close()
@@ -191,16 +192,12 @@ def _pick(candidates: list[Graph], backend: Any, device: Any, mode: str, threads
     return {"best": best, "errors": errors, "timed": timed, "pruned": pruned}
 
 
-def _build_tuned(candidate: Graph, backend: Any, device: Any, mode: str, threads: int, db: Any,
+def _build_tuned(program: Program, backend: Any, device: Any, mode: str, threads: int, db: Any,
                  arrays: list[np.ndarray], reference: list[np.ndarray] | None,
                  bars: bool | None) -> tuple[Any, Program] | None:
-    """A remembered winner: grouped, its schedules read from the database (tuned if absent), built
-    once and verified; None when it no longer builds or verifies (then the caller searches)."""
-    try:
-        [(_, _, program)] = _programs([candidate], device, threads, [])
-        exe = _tuned(program, backend, device, mode, threads, db, arrays, reference, None, bars)
-    except ValueError:  # the candidate no longer groups
-        return None
+    """A remembered winner with its schedules read from the database (tuned if absent), built once
+    and verified; None when it no longer builds or verifies (then the caller searches)."""
+    exe = _tuned(program, backend, device, mode, threads, db, arrays, reference, None, bars)
     return None if exe is None else (exe, program)
 
 
@@ -236,11 +233,11 @@ def _open_db(db: Any, cache_dir: str | os.PathLike | None) -> tuple[Any, bool]:
     return TuningDB(db, cache=cache_dir, on_error="warn"), True
 
 
-# --- the program cache: a second compile of the same model skips export and the e-graph ----------------
+# --- the program cache: a second compile of the same model skips export, e-graph and grouping -------
 
 def _program_cache(model: Any, example_inputs: tuple, target: str, mode: str, k: int, threads: int,
                    cache_dir: str | os.PathLike | None) -> Path:
-    """Where the chosen candidate of this model is kept: keyed by the source files of the model's
+    """Where the chosen candidate's kernels for this model are kept: keyed by the source files of the model's
     classes, its state (names, shapes and values), the inputs' shapes and dtypes, the options and
     eclat's own sources. Whatever the key misses (a global a forward reads), the final program's
     check against the model run by torch catches."""
@@ -266,13 +263,13 @@ def _program_cache(model: Any, example_inputs: tuple, target: str, mode: str, k:
     return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.pkl"
 
 
-def _write_program_cache(path: Path, candidate: Graph, n: int, graph: Graph) -> None:
-    """Keep the chosen candidate (atomically; a cache that cannot be written is only slower)."""
+def _write_program_cache(path: Path, program: Program, n: int, graph: Graph) -> None:
+    """Keep the chosen candidate's kernels (atomically; a cache that cannot be written is only slower)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         with open(tmp, "wb") as f:
-            pickle.dump({"candidate": candidate, "n": n, "specs": _specs(graph)}, f)
+            pickle.dump({"program": program, "n": n, "specs": _specs(graph), "out_spec": graph.out_spec}, f)
         os.replace(tmp, path)
     except (OSError, pickle.PicklingError, TypeError, AttributeError):
         pass
@@ -284,12 +281,10 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
     """The remembered candidate built with the database's schedules and verified against the model
     as torch runs it; None when there is none or it does not verify (then compile afresh)."""
     try:
-        from ..rewrites import composites  # noqa: F401 - registers the composite ops a candidate holds
-
         with open(path, "rb") as f, warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's notice about its own LeafSpec
             kept = pickle.load(f)
-        candidate, n, specs = kept["candidate"], kept["n"], kept["specs"]
+        program, n, specs, out_spec = kept["program"], kept["n"], kept["specs"], kept["out_spec"]
     except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
     backend = get_backend(target)
@@ -306,7 +301,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
     tdb, owned = _open_db(db, cache_dir)
     try:
         hits, misses = tdb.hits, tdb.misses
-        built = _build_tuned(candidate, backend, device, mode, threads, tdb, arrays, reference,
+        built = _build_tuned(program, backend, device, mode, threads, tdb, arrays, reference,
                              True if quiet else None)
         counts = {"hits": tdb.hits - hits + 1, "misses": tdb.misses - misses}  # + the program itself
     finally:
@@ -319,7 +314,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
     report["candidates"].update(chosen=n, cached=True)
     report["tuning_cache"] = counts
     _measure(report, exe, program, arrays, device)
-    return CompiledModel(exe, specs, candidate.out_spec, report)
+    return CompiledModel(exe, specs, out_spec, report)
 
 
 def _choice_key(graph: Graph, mode: str, k: int, backend: str, device: Any) -> Any:
