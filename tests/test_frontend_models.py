@@ -230,3 +230,10 @@ def test_bad_inputs_have_clear_errors() -> None:
         lower(torch.nn.ReLU(), torch.randn(3))
     with pytest.raises(UnsupportedOpError, match="float64"):
         lower(torch.nn.ReLU(), (torch.randn(3, dtype=torch.float64),))
+
+
+def test_model_without_parameters_lowers() -> None:
+    """A bare Softmax module: torch.export reports an unbounded (int_oo) range for it."""
+    x = torch.randn(4, 16)
+    (got,) = run(lower(torch.nn.Softmax(dim=-1), (x,)), [x.numpy()])
+    np.testing.assert_allclose(got, torch.softmax(x, -1).numpy(), rtol=1e-5, atol=1e-6)

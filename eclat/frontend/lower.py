@@ -103,6 +103,14 @@ def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any = 
         raise ExportError(f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}") from e
 
 
+def _bound(upper: Any) -> int:
+    """An export range's upper end as an int; torch spells "unbounded" several ways (oo, int_oo)."""
+    try:
+        return min(int(upper), 2**31 - 1)
+    except (OverflowError, TypeError, ValueError):
+        return 2**31 - 1
+
+
 def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any = None) -> Graph:
     """Lower model's forward pass on example_inputs to a primitive Graph."""
     from .ops import LOWERINGS, convert_output
@@ -113,8 +121,7 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
     weights: dict[str, np.ndarray] = {}
     ctx = Ctx(weights)
     for name, r in ep.range_constraints.items():
-        hi = r.upper if r.upper.is_finite else 2**31 - 1
-        ctx.symbols[str(name)] = Var(str(name), int(r.lower), int(hi))
+        ctx.symbols[str(name)] = Var(str(name), int(r.lower), _bound(r.upper))
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []
