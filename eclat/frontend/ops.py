@@ -404,24 +404,28 @@ def _addmm(ctx: Ctx, bias: Value, a: Node, b: Node, *, beta: Value = 1, alpha: V
 def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence[int],
                  padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                  output_padding: Sequence[int], groups: int) -> Node:
-    """Direct convolution: a strided window view of the (padded) input times the expanded
-    weights, summed over input channels and kernel positions."""
+    """Convolution as im2col + one GEMM per group: the strided window view of the (padded)
+    input is materialised once as patches [G, N*O.., Cg*K..], and each group's filters
+    [Og, Cg*K..] meet them in a single sum over the merged Cg*K.. axis (the Sum(Mul) form the
+    e-graph recognises as a matmul; batch and spatial share one axis so it has one M and one N)."""
     if transposed:
         return _conv_transpose(ctx, x, w, bias, stride, padding, dilation, output_padding, groups)
     nd = len(x.shape) - 2
     n = x.shape[0]
     o, cg, *ks = w.shape
     og, outs = as_int(o) // groups, ctx.out_shape[2:]
-    spatial, kernel = list(range(3, 3 + nd)), list(range(3 + nd, 3 + 2 * nd))
-    # windows [N, C, O.., K..] -> [N, G, 1, O.., Cg, K..], broadcast over each group's Og filters
+    red = prod([cg, *ks])
+    rows = prod([n, *outs])
+    # windows [N, C, O.., K..] -> patches [G, N, O.., Cg, K..] -> [G, N*O.., Cg*K..]
     win = _windows(x, ks, stride, padding, dilation, outs, 0.0)
-    win = P.permute(P.reshape(win, (n, groups, cg, *outs, *ks)), [0, 1, *spatial, 2, *kernel])
-    shape = (n, groups, og, *outs, cg, *ks)
-    win = g.expand_to(P.reshape(win, (n, groups, 1, *outs, cg, *ks)), shape)
-    wv = g.expand_to(P.reshape(w, (1, groups, og, *(1,) * nd, cg, *ks)), shape)
-    out = g.binary("mul", win, wv)
-    for _ in range(nd + 1):  # sum over kernel positions, then input channels
-        out = g.reduce("sum", out, len(out.shape) - 1)
+    win = P.permute(P.reshape(win, (n, groups, cg, *outs, *ks)),
+                    [1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd)])
+    patches = P.reshape(g.contiguous(win), (groups, rows, red))
+    shape = (groups, og, rows, red)
+    pe = g.expand_to(P.reshape(patches, (groups, 1, rows, red)), shape)
+    we = g.expand_to(P.reshape(w, (groups, og, 1, red)), shape)
+    out = g.reduce("sum", g.binary("mul", we, pe), 3)  # [G, Og, N*O..]
+    out = P.permute(P.reshape(out, (groups, og, n, *outs)), [2, 0, 1, *range(3, 3 + nd)])
     out = P.reshape(out, (n, o, *outs))
     if bias is not None:
         out = P.add(out, P.reshape(bias, (o,) + (1,) * nd))
