@@ -25,6 +25,7 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field, replace
+from importlib import import_module
 
 import numpy as np
 
@@ -812,3 +813,29 @@ def tune_schedules(program: Program, inputs: list[np.ndarray], make, *, backend:
 __all__ = ["CUDA", "DIALECTS", "METAL", "OPENCL", "Dialect", "GpuSchedule", "RenderedKernel",
            "RenderedProgram", "Variant", "default_gpu_schedule", "gpu_schedule_space", "kernel_key",
            "render_kernel", "render_program", "row_axes", "tune_schedules", "with_variants"]
+
+
+class GpuBackend:
+    """A GPU target is data: its dialect and the runtime class that launches its kernels
+    ("module:Class", imported on first use: pyopencl, pycuda and PyObjC are optional)."""
+
+    name: str
+    dialect: Dialect
+    runtime: str
+
+    def executable(self) -> type:
+        module, _, cls = self.runtime.partition(":")
+        return getattr(import_module(module), cls)
+
+    def render(self, program: Program, threads: int = 1,
+               schedules: dict[str, GpuSchedule] | None = None) -> str:
+        return render_program(program, self.dialect, schedules).source
+
+    def compile(self, program: Program, threads: int = 1, schedules: dict[str, GpuSchedule] | None = None):
+        return self.executable()(program, schedules)
+
+    def tune(self, program: Program, inputs: list, mode: str = "fast", db=None, device: str = ""
+             ) -> dict[str, GpuSchedule]:
+        """The fastest verified GPU schedule of every kernel (tune_schedules)."""
+        return tune_schedules(program, inputs, self.executable(), backend=self.name, mode=mode, db=db,
+                              device=device)

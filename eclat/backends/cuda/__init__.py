@@ -5,27 +5,8 @@ nvcc exists); only `run` needs a device and raises "no CUDA device found" withou
 
 from __future__ import annotations
 
-from ...compiler.kernel import Program
-from ..gpu_c import CUDA, GpuSchedule, render_program, tune_schedules
-
-Schedules = dict[str, GpuSchedule] | None  # kernel name -> schedule; None: defaults
+from ..gpu_c import CUDA, GpuBackend
 
 
-class CudaBackend:
-    name = "cuda"
-
-    def render(self, program: Program, threads: int = 1, schedules: Schedules = None) -> str:
-        return render_program(program, CUDA, schedules).source
-
-    def compile(self, program: Program, threads: int = 1, schedules: Schedules = None):
-        from .runtime import CudaExecutable
-
-        return CudaExecutable(program, schedules)
-
-    def tune(self, program: Program, inputs: list, mode: str = "fast", db=None, device: str = ""
-             ) -> dict[str, GpuSchedule]:
-        """The fastest verified GPU schedule of every kernel (gpu_c.tune_schedules)."""
-        from .runtime import CudaExecutable
-
-        return tune_schedules(program, inputs, CudaExecutable, backend=self.name, mode=mode, db=db,
-                              device=device)
+class CudaBackend(GpuBackend):
+    name, dialect, runtime = "cuda", CUDA, "eclat.backends.cuda.runtime:CudaExecutable"
