@@ -63,7 +63,7 @@ def test_a_wrong_cached_program_is_caught_and_replaced(tmp_path):
     assert not compiled.report()["candidates"].get("cached")
     with torch.no_grad():
         torch.testing.assert_close(compiled(*x), b(*x), rtol=1e-3, atol=1e-4)
-    key_b.write_bytes(b"not a pickle")  # a damaged entry: compiled afresh as well
+    key_b.write_bytes(b"not a zip")  # a damaged entry: compiled afresh as well
     again = eclat.compile(b, x, autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
     with torch.no_grad():
         torch.testing.assert_close(again(*x), b(*x), rtol=1e-3, atol=1e-4)

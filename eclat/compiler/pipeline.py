@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import os
-import pickle
 import statistics
 import time
-import warnings
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ import numpy as np
 from ..autotune.progress import progress
 from ..backends import get_backend
 from ..errors import EclatError
+from ..ir.dtypes import DType
 from ..ir.graph import Graph, numel
 from ..ir.interpreter import run as interpret
 from .group import group
@@ -260,18 +261,28 @@ def _program_cache(model: Any, example_inputs: tuple, target: str, mode: str, k:
         h.update(f"{tuple(getattr(x, 'shape', ()))}|{getattr(x, 'dtype', type(x))}".encode())
     for f in sorted(Path(__file__).parent.parent.rglob("*.py")):  # eclat's own version, to the edit
         h.update(f.read_bytes())
-    return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.pkl"
+    return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.zip"
 
 
 def _write_program_cache(path: Path, program: Program, n: int, graph: Graph) -> None:
-    """Keep the chosen candidate's kernels (atomically; a cache that cannot be written is only slower)."""
+    """Keep the chosen candidate's kernels as data, in the artifact's encoding (atomically; a
+    cache that cannot be written is only slower)."""
+    from safetensors.numpy import save
+
+    from .artifact import _out_spec_text, encode_program
+
+    weights = {b.name: np.ascontiguousarray(b.data) for b in program.buffers.values() if b.data is not None}
+    inputs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in _specs(graph)]
+    meta = {"program": encode_program(program), "n": n, "out_spec": _out_spec_text(graph.out_spec),
+            "inputs": inputs}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
-            pickle.dump({"program": program, "n": n, "specs": _specs(graph), "out_spec": graph.out_spec}, f)
+        with zipfile.ZipFile(tmp, "w") as z:
+            z.writestr("program.json", json.dumps(meta))
+            z.writestr("weights.safetensors", save(weights) if weights else b"")
         os.replace(tmp, path)
-    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+    except (OSError, TypeError, ValueError):
         pass
 
 
@@ -280,11 +291,17 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
                         start: float) -> CompiledModel | None:
     """The remembered candidate built with the database's schedules and verified against the model
     as torch runs it; None when there is none or it does not verify (then compile afresh)."""
+    from safetensors.numpy import load
+
+    from .artifact import decode_program
+
     try:
-        with open(path, "rb") as f, warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch's notice about its own LeafSpec
-            kept = pickle.load(f)
-        program, n, specs, out_spec = kept["program"], kept["n"], kept["specs"], kept["out_spec"]
+        with zipfile.ZipFile(path) as z:
+            meta = json.loads(z.read("program.json"))
+            raw = z.read("weights.safetensors")
+        program = decode_program(meta["program"], load(raw) if raw else {})
+        n, out_spec = meta["n"], meta["out_spec"]
+        specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]]) for s in meta["inputs"]]
     except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
     backend = get_backend(target)
