@@ -160,6 +160,27 @@ def opencl_or_skip() -> None:
                     allow_module_level=True)
 
 
+def assert_zoo_model_matches_torch(name: str, target: str) -> None:
+    """The zoo model compiled for target gives torch's outputs (rtol 1e-3, atol 1e-4)."""
+    import warnings
+
+    import torch
+
+    import eclat
+    from tests.zoo import ZOO
+
+    model, inputs = ZOO[name]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = eclat.compile(model, inputs, target=target, autotune="none", k=1, quiet=True)
+        with torch.no_grad():
+            want = torch.utils._pytree.tree_leaves(model(*inputs))
+    got = torch.utils._pytree.tree_leaves(fast(*inputs))
+    assert len(got) == len(want)
+    for g_, w in zip(got, want):
+        np.testing.assert_allclose(g_.numpy(), w.numpy(), rtol=1e-3, atol=1e-4)
+
+
 def sample(space: list[GpuSchedule]) -> list[GpuSchedule]:
     """The default and the first schedule of every other (strategy, vector) pair: every
     code path of the space, at a fraction of the PoCL build time."""

@@ -24,6 +24,7 @@ from eclat.compiler.artifact import (
     load_artifact,
     save_artifact,
 )
+from tests.gpu_cases import opencl_or_skip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -203,18 +204,8 @@ def test_zoo_round_trip_without_torch(name, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["arr_0"], want.numpy(), rtol=1e-3, atol=1e-4)
 
 
-def _opencl_device() -> bool:
-    try:
-        from eclat.backends.opencl.runtime import context
-
-        context()
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _opencl_device(), reason="no OpenCL device (apt-get install pocl-opencl-icd)")
 def test_opencl_round_trip(saved, tmp_path):
+    opencl_or_skip()
     torch.manual_seed(0)
     model, x = TwoOut().eval(), saved["x"]
     compiled = eclat.compile(model, (x,), target="opencl", autotune="none", k=1, quiet=True)

@@ -14,6 +14,7 @@ import torch
 
 import eclat
 from eclat.compiler.pipeline import device_missing
+from tests.gpu_cases import opencl_or_skip
 
 
 class Tiny(torch.nn.Module):
@@ -30,18 +31,8 @@ def _tiny():
     return Tiny().eval(), (torch.randn(4, 16),)
 
 
-def _opencl_device() -> bool:
-    try:
-        from eclat.backends.opencl.runtime import context
-
-        context()
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _opencl_device(), reason="no OpenCL device (apt-get install pocl-opencl-icd)")
 def test_opencl_tunes_through_the_database(tmp_path):
+    opencl_or_skip()
     model, inputs = _tiny()
     first, second = (eclat.compile(model, inputs, target="opencl", autotune="fast", k=1, cache_dir=tmp_path,
                                    quiet=True) for _ in range(2))

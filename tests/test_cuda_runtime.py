@@ -4,16 +4,12 @@ every kernel case and schedule against the interpreter, and zoo models against t
 from __future__ import annotations
 
 import os
-import warnings
 
-import numpy as np
 import pytest
-import torch
 
 from eclat.compiler.group import group
 from eclat.ir.interpreter import run
-from tests.gpu_cases import CASES, check_schedule_space, compare
-from tests.zoo import ZOO
+from tests.gpu_cases import CASES, assert_zoo_model_matches_torch, check_schedule_space, compare
 
 pytestmark = pytest.mark.gpu
 
@@ -46,17 +42,7 @@ def test_whole_schedule_space(case: str) -> None:
 
 @pytest.mark.parametrize("name", ["mlp", "llama", "hf_gpt2"])
 def test_zoo_model_matches_torch(name: str) -> None:
-    import eclat
-
-    model, inputs = ZOO[name]()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fast = eclat.compile(model, inputs, target="cuda", autotune="none", k=1, quiet=True)
-        with torch.no_grad():
-            want = torch.utils._pytree.tree_leaves(model(*inputs))
-    got = torch.utils._pytree.tree_leaves(fast(*inputs))
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-3, atol=1e-4)
+    assert_zoo_model_matches_torch(name, "cuda")
 
 
 def test_kernel_timing_is_positive() -> None:

@@ -9,14 +9,12 @@ import shutil
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
-import torch
 
 from eclat.backends.gpu_c import render_program
 from eclat.compiler.group import group
 from eclat.compiler.kernel import Program
-from tests.gpu_cases import opencl_or_skip
+from tests.gpu_cases import assert_zoo_model_matches_torch, opencl_or_skip
 from tests.zoo import ZOO
 
 MODELS = list(ZOO)
@@ -41,18 +39,7 @@ def program(name: str) -> Program:
 @pytest.mark.parametrize("name", MODELS)
 def test_opencl_matches_torch(name: str) -> None:
     opencl_or_skip()
-    import eclat
-
-    model, inputs = ZOO[name]()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fast = eclat.compile(model, inputs, target="opencl", autotune="none", k=1, quiet=True)
-        with torch.no_grad():
-            want = torch.utils._pytree.tree_leaves(model(*inputs))
-    got = torch.utils._pytree.tree_leaves(fast(*inputs))
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-3, atol=1e-4)
+    assert_zoo_model_matches_torch(name, "opencl")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not on PATH")
