@@ -7,6 +7,7 @@ placed by the memory planner; weights are uploaded once.
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ def driver() -> tuple[Any, Any]:
         dev = cuda.Device(0)
         ctx = dev.retain_primary_context()
         ctx.push()
+        atexit.register(ctx.pop)  # pycuda aborts at exit if a pushed context is left on the stack
         _STATE.update(cuda=cuda, device=dev, context=ctx)
     return _STATE["cuda"], _STATE["device"]
 
