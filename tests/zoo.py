@@ -94,7 +94,8 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.hd)
-        mask = torch.triu(torch.full((s, s), float("-inf"), dtype=scores.dtype), diagonal=1)
+        mask = torch.full((s, s), float("-inf"), dtype=scores.dtype, device=scores.device)
+        mask = torch.triu(mask, diagonal=1)
         attn = torch.softmax(scores + mask, dim=-1)
         return self.o((attn @ v).transpose(1, 2).reshape(b, s, d))
 
