@@ -50,3 +50,25 @@ def test_kernel_timing_is_positive() -> None:
     exe = _exe(group(graph))
     exe.run(inputs)
     assert 0 < exe.time_kernels(repeats=5) < 1.0
+
+
+def test_tuned_compile_saves_and_loads(tmp_path) -> None:
+    """autotune="fast" on the device, a second compile from the tuning DB, and an artifact that
+    loads and runs on its own: all three give torch's answer."""
+    import torch
+
+    import eclat
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32)).eval()
+    inputs = (torch.randn(16, 64),)
+    first, second = (eclat.compile(model, inputs, target="cuda", autotune="fast", k=2, cache_dir=tmp_path,
+                                   quiet=True) for _ in range(2))
+    assert first.report()["candidates"]["timed"] >= 1
+    assert second.report()["tuning_cache"]["misses"] == 0
+    path = tmp_path / "mlp.cuda.eclat"
+    second.save(str(path))
+    with torch.no_grad():
+        want = model(*inputs)
+    for compiled in (first, second, eclat.load(str(path))):
+        torch.testing.assert_close(compiled(*inputs), want, rtol=1e-3, atol=1e-4)
