@@ -2,10 +2,11 @@
 
     python benchmarks/run.py --threads 1 [--only mlp_b1,chain] [--autotune fast] [--out table.md]
 
-All runners execute in this one process on the same inputs; each is timed with warm-up and
-repeats and reported as a median. Ratios are peer time / eclat time (> 1 means eclat is
-faster). Matmul rows are also given in GFLOP/s. OMP_WAIT_POLICY=PASSIVE is set for the
-peers because spinning OpenMP pools are pathological on these VMs with 2 threads.
+All runners execute in this one process on the same inputs, taking turns in rounds (drift of a
+shared machine falls on all alike); each is reported as the median over its calls after warm-up.
+Ratios are peer time / eclat time (> 1 means eclat is faster). Matmul rows are also given in
+GFLOP/s. OMP_WAIT_POLICY=PASSIVE is set for the peers because spinning OpenMP pools are
+pathological on these VMs with 2 threads.
 """
 
 from __future__ import annotations
@@ -140,19 +141,25 @@ def make_eclat_runner(autotune: str):
     return run_eclat
 
 
-def time_it(fn: Callable[[], object], min_repeats: int = 20, budget_s: float = 3.0) -> float:
-    """Median seconds of fn after warm-up; repeats until min_repeats and the budget are met."""
-    for _ in range(3):
-        fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_repeats or (time.perf_counter() - start < budget_s and len(times) < 2000):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if time.perf_counter() - start > 4 * budget_s and len(times) >= 5:
-            break
-    return statistics.median(times)
+def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 10, slice_s: float = 0.3,
+                     min_calls: int = 3) -> dict[str, float]:
+    """Median seconds per call of each fn. The runners take turns, a slice each per round, so
+    that drift in the machine's speed (a shared VM's neighbours, clock changes) falls on all of
+    them alike instead of on whichever ran during the slow minute."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    samples: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            calls = 0
+            while calls < min_calls or time.perf_counter() - start < slice_s:
+                t0 = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - t0)
+                calls += 1
+    return {n: statistics.median(v) for n, v in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,20 +185,21 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(0)
         model, inputs = w.make()
         model.eval()
-        medians: dict[str, float | None] = {}
+        fns: dict[str, Callable[[], object]] = {}
         notes = []
         with torch.inference_mode():
             for n in names:
                 try:
                     t0 = time.perf_counter()
-                    fn = runners[n](model, inputs, args.threads)
-                    setup = time.perf_counter() - t0
-                    medians[n] = time_it(fn)
+                    fns[n] = runners[n](model, inputs, args.threads)
+                    fns[n]()
                     if n == "eclat":
-                        notes.append(f"eclat compile {setup:.1f}s")
+                        notes.append(f"eclat compile {time.perf_counter() - t0:.1f}s")
                 except Exception as e:  # a peer failing is reported, not fatal
-                    medians[n] = None
+                    fns.pop(n, None)
                     notes.append(f"{n} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
+            timed = time_interleaved(fns)
+        medians: dict[str, float | None] = {n: timed.get(n) for n in names}
         cells = [f"{medians[n] * 1e3:.3f}" if medians[n] else "—" for n in names]
         base = medians["eclat"]
         ratios = [f"{medians[n] / base:.2f}" if base and medians[n] else "—" for n in names[1:]]

@@ -2,7 +2,7 @@
 
 For each workload both modes compile from a fresh, empty tuning cache (the device's measured
 peaks are measured once and shared, so neither pays for them); the table gives the winner's
-median run time in each mode (the two winners timed in turn, best of ROUNDS), their ratio
+median run time in each mode (the two winners timed in turn over ROUNDS rounds), their ratio
 (fast / full: above 1.10 means pruning lost more than 10%) and each mode's compile seconds
 (search and tuning included).
 
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.run import WORKLOADS, time_it  # noqa: E402
+from benchmarks.run import WORKLOADS, time_interleaved  # noqa: E402
 
 DEFAULT = "mlp_b1,mlp_b64,chain_64x1024,llama_step1,cnn_b8,matmul_512"
 MODES = ("fast", "full")
@@ -70,12 +70,9 @@ def main() -> None:
                                                                   shared / "devices")
                 c = report["candidates"]
                 counts[mode] = f"{c['timed']}/{c['pruned']}"
-            # the winners timed in turn, best of ROUNDS: a busy neighbour slows one round, not the table
-            ms = {mode: float("inf") for mode in MODES}
-            for _ in range(ROUNDS):
-                for mode, compiled in winners.items():
-                    t = time_it(lambda c=compiled, a=arrays: c(*a), budget_s=args.budget / ROUNDS) * 1e3
-                    ms[mode] = min(ms[mode], t)
+            fns = {mode: (lambda c=compiled, a=arrays: c(*a)) for mode, compiled in winners.items()}
+            ms = {mode: t * 1e3 for mode, t in time_interleaved(fns, rounds=ROUNDS,
+                                                                 slice_s=args.budget / ROUNDS / 2).items()}
         print(f"| {w.name} | {ms['fast']:.3f} | {ms['full']:.3f} | {ms['fast'] / ms['full']:.2f} | "
               f"{secs['fast']:.1f} | {secs['full']:.1f} | {counts['fast']} | {counts['full']} |", flush=True)
     shutil.rmtree(shared, ignore_errors=True)
