@@ -201,3 +201,22 @@ def test_simplified_expressions_keep_their_value(e, xv: int, yv: int, zv: int) -
     assert evaluate(expr, env) == value
     lo, hi = S.bounds(S.to_expr(expr))
     assert lo <= value <= hi
+
+
+def test_assume_narrows_to_a_padding_mask_and_unravel_divides_exactly() -> None:
+    """A 1-padded 16x16 plane read through its mask: the flat offset's division and remainder
+    by the plane's sizes become plain index arithmetic, equal to the original wherever the mask
+    holds (checked at every such point)."""
+    from eclat.compiler.group import unravel
+
+    n, c, h, w = Var("n", 0, 1), Var("c", 0, 2), Var("h", 0, 17), Var("w", 0, 17)
+    flat = n * 768 + c * 256 + (h - 1) * 16 + (w - 1)
+    mask = S.logical_and(S.logical_and(S.lt(0, h), S.lt(h, 17)), S.logical_and(S.lt(0, w), S.lt(w, 17)))
+    plain = unravel(flat, [2, 3, 16, 16])
+    narrowed = unravel(S.assume(flat, mask), [2, 3, 16, 16])
+    assert [S.render(e) for e in narrowed] == ["n", "c", "(h + -1)", "(w + -1)"]
+    assert any("/" in S.render(e) for e in plain)  # without the mask the offsets may be negative
+    inside = itertools.product(range(2), range(3), range(1, 17), range(1, 17))
+    for env in (dict(zip("nchw", p)) for p in inside):
+        assert [evaluate(e, env) for e in narrowed] == [evaluate(e, env) for e in plain]
+    assert S.assume(flat, S.lt(h, 99)) == flat  # a condition that narrows nothing changes nothing

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import EclatError
 from ..ir.dtypes import DType
 from ..ir.graph import OPS, Graph, Node, decompose_composites
-from ..ir.symbolic import BinOp, Expr, Num, Var, as_int, bounds, floordiv, logical_and, mod, to_expr
+from ..ir.symbolic import BinOp, Expr, Num, Var, as_int, assume, bounds, floordiv, logical_and, mod, to_expr
 from ..ir.view import contiguous_strides
 from .kernel import (
     OP_COST,
@@ -95,38 +95,31 @@ def _sum(terms: list[tuple[int, Expr | None]]) -> Expr:
     return out
 
 
-def _split_const(ts: list[tuple[int, Expr | None]], s: int) -> tuple[list, list]:
-    """Terms that are multiples of s (divided by s), and the rest below s where possible."""
+def _split(e: Expr, s: int) -> tuple[list, Expr, int | None]:
+    """e = s * sum(whole) + rest; q = rest // s where that is the same over rest's whole range."""
     whole, rest = [], []
-    for c, a in ts:
-        if a is None:
-            q, r = divmod(c, s)
-            whole.append((q, None))
-            rest.append((r, None))
-        elif c % s == 0:
+    for c, a in terms(e):
+        if a is not None and c % s == 0:
             whole.append((c // s, a))
         else:
             rest.append((c, a))
-    return whole, rest
+    r = _sum(rest)
+    lo, hi = bounds(r)
+    return whole, r, (lo // s if lo // s == hi // s else None)
 
 
 def _div(e: Expr, s: int) -> Expr:
-    """e // s for e >= 0, splitting off the terms that are multiples of s."""
+    """e // s, splitting off the terms that are multiples of s."""
     if s == 1:
         return e
-    whole, rest = _split_const(terms(e), s)
-    lo, hi = bounds(_sum(rest))
-    if 0 <= lo and hi < s:
-        return _sum(whole)
-    return floordiv(e, s)
+    whole, _, q = _split(e, s)
+    return floordiv(e, s) if q is None else _sum(whole + [(q, None)])
 
 
 def _mod(e: Expr, n: int) -> Expr:
     """e % n for e >= 0 (falls back to the whole e, never a possibly negative part)."""
-    _, rest = _split_const(terms(e), n)
-    r = _sum(rest)
-    lo, hi = bounds(r)
-    return r if 0 <= lo and hi < n else mod(e, n)
+    _, rest, q = _split(e, n)
+    return mod(e, n) if q is None else rest + (-q * n)
 
 
 def unravel(flat: Expr, shape: Sequence[int]) -> tuple[Expr, ...]:
@@ -255,6 +248,7 @@ class _Grouping:
             flat, valid = v.index(idxs)
             src = n.srcs[0]
             inner = logical_and(guard, valid)
+            flat = assume(flat, inner)  # read only where inner holds: padding's offsets divide exactly
             if src.op in ("input", "weight") or id(src) in self.buf_of:
                 return Load(self.buf_of[id(src)], flat, inner, n.dtype)
             x = self.value(src, unravel(flat, [int(d) for d in src.shape]), inner)

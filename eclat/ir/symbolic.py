@@ -201,6 +201,45 @@ def logical_and(a: sint, b: sint) -> Expr:
     return BinOp("and", a, b)
 
 
+def _ranges(cond: Expr) -> dict[str, tuple[int, int]]:
+    """Variable ranges implied by cond, a conjunction (`and`) of comparisons `c < v`, `v < c`."""
+    if isinstance(cond, BinOp) and cond.op == "and":
+        out = _ranges(cond.a)
+        for name, (lo, hi) in _ranges(cond.b).items():
+            old = out.get(name, (lo, hi))
+            out[name] = (max(lo, old[0]), min(hi, old[1]))
+        return out
+    if isinstance(cond, BinOp) and cond.op == "<":
+        if isinstance(cond.a, Num) and isinstance(cond.b, Var):
+            return {cond.b.name: (max(cond.b.lo, cond.a.v + 1), cond.b.hi)}
+        if isinstance(cond.a, Var) and isinstance(cond.b, Num):
+            return {cond.a.name: (cond.a.lo, min(cond.a.hi, cond.b.v - 1))}
+    return {}
+
+
+_BUILD: dict[str, Callable[[Expr, Expr], Expr]] = {"+": add, "*": mul, "//": floordiv, "%": mod, "<": lt,
+                                                   "and": logical_and}
+
+
+def assume(x: sint, cond: sint) -> Expr:
+    """x rebuilt with each variable narrowed to the range cond implies, so that the simplifying
+    constructors can use it: an index read only where a padding mask holds divides exactly.
+    Equal to x wherever cond holds; use it only for values that are masked where it does not."""
+    x, cond = to_expr(x), to_expr(cond)
+    ranges = _ranges(cond)
+    if not ranges:
+        return x
+
+    def go(e: Expr) -> Expr:
+        if isinstance(e, Var) and e.name in ranges:
+            lo, hi = ranges[e.name]
+            return Var(e.name, lo, hi) if lo <= hi else e
+        if isinstance(e, BinOp):
+            return _BUILD[e.op](go(e.a), go(e.b))
+        return e
+    return go(x)
+
+
 def evaluate(x: sint, env: Mapping[str, int] | None = None):
     """Value of x with variables taken from env. Works on numpy arrays of ints too."""
     if not isinstance(x, Expr):

@@ -59,6 +59,7 @@ VECTOR = 8  # float32 lanes of an AVX2 register
 INTERLEAVE = 4  # vectors in flight in vectorised inner loops
 PACKED = "pack:"  # name prefix of weights packed at compile time
 RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
+UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
 PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
 
 _REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F16,
@@ -417,6 +418,15 @@ class _KernelEmitter:
 
     def reduce(self, r: Reduce) -> ir.Value:
         cands = reduces(r.body)
+        if r.size <= UNROLL_REDUCE:  # a pooling window: straight-line code keeps the outer loop vectorisable
+            acc = identity(r.op, r.dtype)
+            for j in range(r.size):
+                self.push()
+                self.bind(r.var.name, _i64(j))
+                self.hoist(cands)
+                acc = binary(self.b, "add" if r.op == "sum" else "max", [acc, self.emit(r.body)], r.dtype)
+                self.pop()
+            return acc
 
         def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
             self.bind(r.var.name, i)
