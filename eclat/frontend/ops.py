@@ -405,9 +405,10 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
                  padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                  output_padding: Sequence[int], groups: int) -> Node:
     """Convolution as im2col + one GEMM per group: the strided window view of the (padded)
-    input is materialised once as patches [G, N*O.., Cg*K..], and each group's filters
+    input is materialised once as patches [G, Cg*K.., N*O..], and each group's filters
     [Og, Cg*K..] meet them in a single sum over the merged Cg*K.. axis (the Sum(Mul) form the
-    e-graph recognises as a matmul; batch and spatial share one axis so it has one M and one N)."""
+    e-graph recognises as a matmul; batch and spatial share one axis so it has one M and one N).
+    Positions innermost: the copy reads rows of the input and the GEMM reads unit-stride columns."""
     if transposed:
         return _conv_transpose(ctx, x, w, bias, stride, padding, dilation, output_padding, groups)
     nd = len(x.shape) - 2
@@ -416,11 +417,11 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     og, outs = as_int(o) // groups, ctx.out_shape[2:]
     red = prod([cg, *ks])
     rows = prod([n, *outs])
-    # windows [N, C, O.., K..] -> patches [G, N, O.., Cg, K..] -> [G, N*O.., Cg*K..]
+    # windows [N, C, O.., K..] -> patches [G, Cg, K.., N, O..] -> [G, Cg*K.., N*O..]
     win = _windows(x, ks, stride, padding, dilation, outs, 0.0)
     win = P.permute(P.reshape(win, (n, groups, cg, *outs, *ks)),
-                    [1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd)])
-    patches = P.reshape(g.contiguous(win), (groups, rows, red))
+                    [1, 2, *range(3 + nd, 3 + 2 * nd), 0, *range(3, 3 + nd)])
+    patches = P.permute(P.reshape(g.contiguous(win), (groups, red, rows)), [0, 2, 1])
     shape = (groups, og, rows, red)
     pe = g.expand_to(P.reshape(patches, (groups, 1, rows, red)), shape)
     we = g.expand_to(P.reshape(w, (groups, og, 1, red)), shape)
