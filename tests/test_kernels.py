@@ -163,6 +163,27 @@ def test_views_with_masks_negative_strides_and_steps():
     check(G.Graph([x], [flipped, padded, stepped, both, reshaped], {}), [rand(5, 8)])
 
 
+def test_padded_outputs_are_written_as_zeros_interior_zeros():
+    """A computed value padded on its last two axes: rows outside the mask are zeros, and the
+    interior is computed with the mask's ranges assumed (no per-element mask left); rows of 8
+    (the vectoriser's own threshold is 16) and of 21; a 2x2 max pool as in a CNN."""
+    from eclat.compiler.kernel import Index, Op, assume_in, loads
+    from eclat.ir.symbolic import Num
+
+    x = G.input_("x", (2, 3, 6, 16))
+    pooled = G.reduce("max_reduce", G.reduce("max_reduce", G.movement(
+        G.unary("exp2", x), lambda v: v.reshape((2, 3, 3, 2, 8, 2))), 5), 3)  # [2, 3, 3, 8]
+    short = G.movement(pooled, lambda v: v.pad([(0, 0), (0, 0), (1, 1), (1, 1)]))
+    wide = G.movement(G.unary("sin", x), lambda v: v.pad([(0, 0), (0, 0), (0, 2), (3, 2)]))
+    program = check(G.Graph([x], [G.contiguous(short), G.contiguous(wide)], {}), [rand(2, 3, 6, 16)])
+    padded = [k.body for k in program.kernels
+              if isinstance(k.body, Op) and k.body.op == "where" and isinstance(k.body.srcs[0], Index)]
+    assert len(padded) == 2
+    for body in padded:
+        inside = loads(assume_in(body.srcs[1], body.srcs[0].expr))
+        assert inside and all(ld.valid == Num(1) for ld in inside)
+
+
 def test_gather_clamps_indices():
     table = G.weight("emb", rand(10, 4), DType.float32)
     idx = G.input_("idx", (2, 3), DType.int64)

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtypes import DType
-from ..ir.symbolic import Expr, Var, as_int, variables
+from ..ir.symbolic import Expr, Var, as_int, assume, variables
 
 # --- buffers ----------------------------------------------------------------------------
 
@@ -192,6 +192,31 @@ def reduces(e: KExpr) -> list[Reduce]:
 
 def loads(e: KExpr) -> list[Load | Gather]:
     return [x for x in walk(e) if isinstance(x, (Load, Gather))]
+
+
+def assume_in(e: KExpr, cond: Expr) -> KExpr:
+    """e with its index, validity and mask expressions simplified under cond (symbolic.assume):
+    for code that runs only where cond holds, e.g. the interior of a padded output."""
+    memo: dict[KExpr, KExpr] = {}
+
+    def go(x: KExpr) -> KExpr:
+        if x in memo:
+            return memo[x]
+        if isinstance(x, Load):
+            out: KExpr = Load(x.buffer, assume(x.index, cond), assume(x.valid, cond), x.dtype)
+        elif isinstance(x, Index):
+            out = Index(assume(x.expr, cond), x.dtype)
+        elif isinstance(x, Gather):
+            out = Gather(x.buffer, go(x.idx), x.rows, x.row_size, assume(x.inner, cond), x.dtype)
+        elif isinstance(x, Op):
+            out = Op(x.op, tuple(go(s) for s in x.srcs), x.dtype)
+        elif isinstance(x, Reduce):
+            out = Reduce(x.op, x.size, x.var, go(x.body), x.dtype)
+        else:
+            out = x
+        memo[x] = out
+        return out
+    return go(e)
 
 
 # --- schedules ------------------------------------------------------------------------------

@@ -201,20 +201,35 @@ def logical_and(a: sint, b: sint) -> Expr:
     return BinOp("and", a, b)
 
 
-def _ranges(cond: Expr) -> dict[str, tuple[int, int]]:
-    """Variable ranges implied by cond, a conjunction (`and`) of comparisons `c < v`, `v < c`."""
+def conjuncts(cond: Expr) -> list[Expr]:
+    """The terms of a conjunction (`and`) of conditions."""
     if isinstance(cond, BinOp) and cond.op == "and":
-        out = _ranges(cond.a)
-        for name, (lo, hi) in _ranges(cond.b).items():
-            old = out.get(name, (lo, hi))
-            out[name] = (max(lo, old[0]), min(hi, old[1]))
-        return out
-    if isinstance(cond, BinOp) and cond.op == "<":
-        if isinstance(cond.a, Num) and isinstance(cond.b, Var):
-            return {cond.b.name: (max(cond.b.lo, cond.a.v + 1), cond.b.hi)}
-        if isinstance(cond.a, Var) and isinstance(cond.b, Num):
-            return {cond.a.name: (cond.a.lo, min(cond.a.hi, cond.b.v - 1))}
-    return {}
+        return conjuncts(cond.a) + conjuncts(cond.b)
+    return [cond]
+
+
+def _range(atom: Expr) -> tuple[str, int, int] | None:
+    """(variable, lo, hi) for an atom `c < v` or `v < c`; None for any other condition."""
+    if isinstance(atom, BinOp) and atom.op == "<":
+        if isinstance(atom.a, Num) and isinstance(atom.b, Var):
+            return atom.b.name, max(atom.b.lo, atom.a.v + 1), atom.b.hi
+        if isinstance(atom.a, Var) and isinstance(atom.b, Num):
+            return atom.a.name, atom.a.lo, min(atom.a.hi, atom.b.v - 1)
+    return None
+
+
+def ranges(cond: sint) -> dict[str, tuple[int, int]]:
+    """Variable ranges [lo, hi] implied by the `c < v` and `v < c` terms of a conjunction."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in filter(None, map(_range, conjuncts(to_expr(cond)))):
+        name, lo, hi = r
+        old = out.get(name, (lo, hi))
+        out[name] = (max(lo, old[0]), min(hi, old[1]))
+    return out
+
+
+def is_range(atom: Expr) -> bool:
+    return _range(atom) is not None
 
 
 _BUILD: dict[str, Callable[[Expr, Expr], Expr]] = {"+": add, "*": mul, "//": floordiv, "%": mod, "<": lt,
@@ -225,14 +240,14 @@ def assume(x: sint, cond: sint) -> Expr:
     """x rebuilt with each variable narrowed to the range cond implies, so that the simplifying
     constructors can use it: an index read only where a padding mask holds divides exactly.
     Equal to x wherever cond holds; use it only for values that are masked where it does not."""
-    x, cond = to_expr(x), to_expr(cond)
-    ranges = _ranges(cond)
-    if not ranges:
+    x = to_expr(x)
+    narrowed = ranges(cond)
+    if not narrowed:
         return x
 
     def go(e: Expr) -> Expr:
-        if isinstance(e, Var) and e.name in ranges:
-            lo, hi = ranges[e.name]
+        if isinstance(e, Var) and e.name in narrowed:
+            lo, hi = narrowed[e.name]
             return Var(e.name, lo, hi) if lo <= hi else e
         if isinstance(e, BinOp):
             return _BUILD[e.op](go(e.a), go(e.b))

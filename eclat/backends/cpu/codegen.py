@@ -38,6 +38,7 @@ from ...compiler.kernel import (
     Program,
     Reduce,
     as_contraction,
+    assume_in,
     axis_vars,
     flops,
     free_vars,
@@ -46,7 +47,18 @@ from ...compiler.kernel import (
 )
 from ...compiler.memplan import MemoryPlan
 from ...ir.dtypes import DType
-from ...ir.symbolic import BinOp, Expr, Num, Var, evaluate
+from ...ir.symbolic import (
+    BinOp,
+    Expr,
+    Num,
+    Var,
+    conjuncts,
+    evaluate,
+    is_range,
+    logical_and,
+    ranges,
+    variables,
+)
 from .mathlib import math_function
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -255,7 +267,9 @@ class _KernelEmitter:
         nxt.flags.append("nsw")
         br = b.cbranch(b.icmp_signed("<", nxt, stop), header, exit_)
         if self.inner_loops and not self._nested:
-            br.set_metadata("llvm.loop", _loop_hint(self.mod, self.k.schedule.unroll))
+            trip = stop.constant - start.constant if isinstance(start, ir.Constant) and \
+                isinstance(stop, ir.Constant) else None
+            br.set_metadata("llvm.loop", _loop_hint(self.mod, self.k.schedule.unroll, trip))
         self._nested = True
         i.add_incoming(nxt, latch)
         for p, v in zip(phis, new):
@@ -293,10 +307,14 @@ class _KernelEmitter:
             self.store(k.out, Num(0), self.emit(k.body), k.body.dtype)
             return 1
 
+        pad = self._pad_split() if len(shape) - 1 > lead else None
+
         def level(d: int, i: ir.Value, _accs: list) -> list:
             self.bind(vars_[d].name, i)
             self.hoist(cands)
-            if d + 1 < len(shape):
+            if d + 2 == len(shape) and pad is not None:
+                self._padded_row(vars_, *pad)
+            elif d + 1 < len(shape):
                 self.loop(_i64(0), _i64(shape[d + 1]), [], lambda i2, a: level(d + 1, i2, a))
             else:
                 self.store(k.out, ravel(vars_, shape), self.emit(k.body), k.body.dtype)
@@ -304,6 +322,55 @@ class _KernelEmitter:
 
         self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(lead, i, a))
         return shape[lead]
+
+    def _pad_split(self) -> tuple[Expr, int, int, KExpr] | None:
+        """For a padding kernel, where(mask, x, 0) at the top with the innermost axis bounded
+        by the mask: (the mask's other terms, the interior lo..hi, x simplified under the mask).
+        Rows are then written as zeros | x unmasked | zeros, which vectorise; a per-element
+        mask and clamped reads do not."""
+        body, last = self.k.body, f"i{len(self.k.shape) - 1}"
+        if not (isinstance(body, Op) and body.op == "where" and isinstance(body.srcs[0], Index)
+                and isinstance(body.srcs[2], Const) and body.srcs[2].value == 0):
+            return None
+        cond = body.srcs[0].expr
+        terms_ = conjuncts(cond)
+        inner = [t for t in terms_ if last in variables(t)]
+        if not inner or not all(is_range(t) for t in inner):
+            return None
+        lo, hi = ranges(cond)[last]
+        outer: Expr = Num(1)
+        for t in terms_:
+            if t not in inner:
+                outer = logical_and(outer, t)
+        return outer, lo, hi, assume_in(body.srcs[1], cond)
+
+    def _padded_row(self, vars_: list[Var], outer: Expr, lo: int, hi: int, x: KExpr) -> None:
+        k, b = self.k, self.b
+        n, dt = k.shape[-1], k.body.dtype
+        where = ravel(vars_, k.shape)
+
+        def zeros(start: int, stop: int) -> None:
+            def body(i: ir.Value, _a: list) -> list:
+                self.bind(vars_[-1].name, i)
+                self.store(k.out, where, zero(dt), dt)
+                return []
+            self.loop(_i64(start), _i64(stop), [], body)
+
+        def interior(i: ir.Value, _a: list) -> list:
+            self.bind(vars_[-1].name, i)
+            self.hoist(self.x_reduces)
+            self.store(k.out, where, self.emit(x), dt)
+            return []
+
+        self.x_reduces = reduces(x)
+        with b.if_else(b.icmp_signed("!=", self.sym(outer), _i64(0))) as (then, otherwise):
+            with then:
+                zeros(0, max(lo, 0))
+                self.hoist(self.x_reduces)
+                self.loop(_i64(max(lo, 0)), _i64(min(hi + 1, n)), [], interior)
+                zeros(min(hi + 1, n), n)
+            with otherwise:
+                zeros(0, n)
 
     def store(self, buf: str, index: Expr, v: ir.Value, dt: DType) -> None:
         if dt is DType.bool:
@@ -654,14 +721,22 @@ class _KernelEmitter:
 LOOP_HINT = "eclat.loop.hint"  # Jitted turns this into a distinct self-referencing loop id
 
 
-def _loop_hint(mod: ir.Module, unroll: int) -> ir.Value:
-    """Loop metadata asking the vectoriser to interleave several vectors (hides fma latency)."""
+def _loop_hint(mod: ir.Module, unroll: int, trip: int | None = None) -> ir.Value:
+    """Loop metadata asking the vectoriser to interleave several vectors (hides fma latency),
+    but no more than a known trip count fills, and to vectorise rows shorter than its own
+    threshold (16) that still hold a whole vector: a pooled 8-wide row would run all scalar."""
     count = unroll if unroll > 1 else INTERLEAVE
-    key = f"{LOOP_HINT}.{count}"
+    force = trip is not None and VECTOR <= trip < 16
+    if trip is not None:
+        count = max(1, min(count, trip // VECTOR))
+    key = f"{LOOP_HINT}.{count}.{force}"
     if key not in mod.namedmetadata:
-        name = ir.MetaDataString(mod, "llvm.loop.interleave.count")
-        opt = mod.add_metadata([name, ir.Constant(I32, count)])
-        mod.add_named_metadata(key, mod.add_metadata([ir.MetaDataString(mod, LOOP_HINT), opt]))
+        opts = [mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.interleave.count"),
+                                  ir.Constant(I32, count)])]
+        if force:
+            opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"),
+                                          ir.Constant(I1, 1)]))
+        mod.add_named_metadata(key, mod.add_metadata([ir.MetaDataString(mod, LOOP_HINT), *opts]))
     return mod.get_named_metadata(key).operands[0]
 
 

@@ -42,9 +42,9 @@ def threads_available() -> bool:
 
 def _loop_ids(text: str) -> str:
     """llvmlite cannot write self-referencing metadata: make each loop hint node
-    `!n = !{!"eclat.loop.hint", !m}` into the loop id `!n = distinct !{!n, !m}`."""
-    text = re.sub(r'^(!\d+) = !\{ ?!"eclat\.loop\.hint", (!\d+) ?\}$', r"\1 = distinct !{\1, \2}", text,
-                  flags=re.M)
+    `!n = !{!"eclat.loop.hint", !m, ...}` into the loop id `!n = distinct !{!n, !m, ...}`."""
+    text = re.sub(r'^(!\d+) = !\{ ?!"eclat\.loop\.hint", ((?:!\d+, )*!\d+) ?\}$', r"\1 = distinct !{\1, \2}",
+                  text, flags=re.M)
     return re.sub(r'^!eclat\.loop\.hint\.\d+ = !\{[^}]*\}$', "", text, flags=re.M)
 
 
