@@ -103,6 +103,18 @@ def test_reductions_including_empty(op, shape, axis):
     check(G.Graph([x], [G.reduce(op, x, axis)], {}), [rand(*shape)])
 
 
+@pytest.mark.parametrize("size", [3, 100])  # unrolled, and the vectorised loop with its remainder
+def test_float_max_reduce_propagates_nan_wherever_it_sits(size):
+    x = rand(6, size)
+    x[0, 0] = x[1, size // 2] = x[2, size - 1] = np.nan
+    x[3, :] = -np.inf
+    x[4, 1] = np.inf
+    want = x.max(axis=1)
+    assert np.isnan(want[:3]).all() and want[3] == -np.inf and want[4] == np.inf
+    node = G.input_("x", (6, size))
+    check(G.Graph([node], [G.reduce("max_reduce", node, 1)], {}), [x])
+
+
 def test_integer_and_bool_max_reduce_of_empty_axis():
     x = G.input_("x", (3, 0), DType.int32)
     check(G.Graph([x], [G.reduce("max_reduce", x, 1)], {}), [np.zeros((3, 0), np.int32)])
