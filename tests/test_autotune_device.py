@@ -50,8 +50,23 @@ def test_cache_is_read_not_remeasured(measured, tmp_path):
     path = _copy_cache(measured[0], tmp_path)
     data = json.loads(path.read_text())
     data["device"]["peak_gflops"] = {"float32": 1234.5}
+    data["device"]["info"]["load_during_measurement"] = 0.0
     path.write_text(json.dumps(data))
     assert get_device("cpu", threads=1, cache_dir=tmp_path).peak_gflops == {"float32": 1234.5}
+
+
+@pytest.mark.parametrize("load_now, remeasured", [(0.3, True), (20.0, False)])
+def test_peaks_measured_on_a_busy_machine_are_measured_again_when_it_is_quiet(measured, tmp_path,
+                                                                             monkeypatch, load_now,
+                                                                             remeasured):
+    path = _copy_cache(measured[0], tmp_path)
+    data = json.loads(path.read_text())
+    data["device"]["peak_gflops"] = {"float32": 1234.5}
+    data["device"]["info"]["load_during_measurement"] = 9.0  # a test suite ran beside it
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(dev_mod, "_load", lambda: load_now)
+    again = get_device("cpu", threads=1, cache_dir=tmp_path)
+    assert (again.peak_gflops != {"float32": 1234.5}) == remeasured
 
 
 def test_corrupt_cache_warns_and_remeasures(measured, tmp_path):
