@@ -266,6 +266,39 @@ def test_threads_split_large_kernels():
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_threads_split_a_single_panel_contraction_over_its_batches():
+    """A batched product with one 16-column panel (a convolution's GEMM per image row) still
+    runs on both threads: the outer loop is (panel, batch) pairs."""
+    from tests.gpu_cases import matmul as batched_matmul
+
+    a, b = G.input_("a", (32, 24, 64)), G.input_("b", (32, 64, 16))
+    graph = G.Graph([a, b], [batched_matmul(a, b)], {})
+    inputs = [rand(32, 24, 64), rand(32, 64, 16)]
+    program = group(graph)
+    for k in program.kernels:
+        k.schedule = type(k.schedule)(**{**k.schedule.__dict__, "threads": 2})
+    exe = CpuBackend().compile(program, threads=2)
+    assert exe.module.parallel
+    for got, want in zip(exe.run(inputs), run(graph, inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_thread_pool_sleeps_when_idle():
+    """Workers watch for the next kernel only briefly (SPIN_NS), then sleep: an idle model
+    costs no CPU time (a spinning pool steals the cores of a shared VM)."""
+    import time
+
+    x = G.input_("x", (512, 512))
+    program = group(G.Graph([x], [G.unary("exp2", x)], {}))
+    for k in program.kernels:
+        k.schedule = type(k.schedule)(**{**k.schedule.__dict__, "threads": 2})
+    exe = CpuBackend().compile(program, threads=2)
+    exe.run([rand(512, 512)])
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(0.3)
+    assert time.process_time() - cpu < 0.05 * (time.perf_counter() - wall) / 0.3
+
+
 def test_memory_plan_reuses_dead_temporaries():
     x = G.input_("x", (64, 64))
     h = x

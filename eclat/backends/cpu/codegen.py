@@ -59,6 +59,7 @@ from ...ir.symbolic import (
     ranges,
     variables,
 )
+from ...ir.view import contiguous_strides
 from .mathlib import math_function
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -609,22 +610,24 @@ class _KernelEmitter:
                 _store(bb, acc, bb.gep(tile, [_i64(j * VECTOR)], source_etype=F32))
             self._epilogue(c, tile, m0, n0, mr, nr, m_size, n_size)
 
-        def panel(p: ir.Value, _a: list) -> list:
-            def batches(d: int, _b: list) -> list:
-                if d == len(batch):
-                    if self.scratch is not None:
-                        self._pack_panel(c, self.b.mul(p, _i64(nr)), nr, kk, n_size)
-                    self.loop(_i64(0), _i64(blocks), [], lambda mb, _c: micro(p, mb) or [])
-                else:
-                    def inner(i: ir.Value, _c: list) -> list:
-                        self.bind(f"i{batch[d]}", i)
-                        return batches(d + 1, [])
-                    self.loop(_i64(0), _i64(shape[batch[d]]), [], inner)
-                return []
-            return batches(0, [])
+        # one outer loop over (panel, batch) pairs, panel-major: threads split it even when
+        # there is a single panel (a convolution's GEMM over 16 output columns per image row)
+        sizes = [shape[a] for a in batch]
+        per_panel = math.prod(sizes)
 
-        self.loop(self.fn.args[1], self.fn.args[2], [], panel)
-        return panels
+        def step(j: ir.Value, _a: list) -> list:
+            bb = self.b
+            p = bb.sdiv(j, _i64(per_panel))
+            rest = bb.srem(j, _i64(per_panel))
+            for a, stride, size in zip(batch, contiguous_strides(sizes), sizes):
+                self.bind(f"i{a}", bb.srem(bb.sdiv(rest, _i64(stride)), _i64(size)))
+            if self.scratch is not None:
+                self._pack_panel(c, bb.mul(p, _i64(nr)), nr, kk, n_size)
+            self.loop(_i64(0), _i64(blocks), [], lambda mb, _c: micro(p, mb) or [])
+            return []
+
+        self.loop(self.fn.args[1], self.fn.args[2], [], step)
+        return panels * per_panel
 
     def _pack_panel(self, c: Contraction, n0: ir.Value, nr: int, kk: int, n_size: int) -> None:
         """scratch[k * NR + col] = b at (n0 + col clamped, k), for the current batch."""

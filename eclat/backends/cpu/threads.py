@@ -1,11 +1,14 @@
 """A small blocking thread pool for generated code, written in C and built on first use.
 
-Why C and not threads in the generated LLVM: the pool is forty lines of pthreads that
-every kernel shares, and it must never spin (on shared VMs a spinning pool steals the
-cores it waits for). Workers sleep on a condition variable between calls; a call hands
-out `threads` contiguous slices of [0, n), runs one slice itself and sleeps until the
-others are done. The library is compiled once per source version into a cache folder;
-without a C compiler, kernels simply run on one thread.
+Why C and not threads in the generated LLVM: the pool is sixty lines of pthreads that
+every kernel shares, and it must not spin for long (on shared VMs a spinning pool steals
+the cores it waits for: OpenMP's default made torch 60x slower here). A call hands out
+`threads` contiguous slices of [0, n) and runs one slice itself. A worker that finishes
+watches for the next call for at most SPIN_NS (the kernels of one model run follow each
+other within microseconds, and waking a sleeping vCPU costs tens of them), then sleeps on a
+condition variable; the caller likewise watches for the others' slices before it sleeps.
+The library is compiled once per source version into a cache folder; without a C
+compiler, kernels simply run on one thread.
 """
 
 from __future__ import annotations
@@ -21,14 +24,31 @@ from functools import cache
 SOURCE = r"""
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
+#define SPIN_NS 100000L  /* how long a finished worker, or the caller, watches before sleeping */
+#if defined(__x86_64__) || defined(__i386__)
+#define PAUSE() __builtin_ia32_pause()
+#else
+#define PAUSE() ((void)0)
+#endif
+/* busy-wait (without mu) until cond holds or SPIN_NS pass */
+#define SPIN_UNTIL(cond) do { long s_ = now_ns(); \
+    for (int i_ = 1; !(cond); i_++) { PAUSE(); if (i_ % 64 == 0 && now_ns() - s_ > SPIN_NS) break; } \
+} while (0)
 typedef void (*kernel_t)(void *, int64_t, int64_t);
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER, call_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
-static int workers, chunks, next_chunk, pending;
+static int workers, chunks, next_chunk, pending, sleepers, waiting;
 static long generation;
 static kernel_t job;
 static void *job_args;
 static int64_t job_n;
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
 
 /* called with mu held; returns with mu held */
 static void work(void) {
@@ -39,7 +59,7 @@ static void work(void) {
         pthread_mutex_unlock(&mu);
         if (lo < hi) fn(args, lo, hi);
         pthread_mutex_lock(&mu);
-        if (--pending == 0) pthread_cond_broadcast(&done);
+        if (__atomic_sub_fetch(&pending, 1, __ATOMIC_ACQ_REL) == 0 && waiting) pthread_cond_broadcast(&done);
     }
 }
 
@@ -48,7 +68,10 @@ static void *worker(void *unused) {
     (void)unused;
     pthread_mutex_lock(&mu);
     for (;;) {
-        while (generation == seen) pthread_cond_wait(&wake, &mu);
+        pthread_mutex_unlock(&mu);
+        SPIN_UNTIL(__atomic_load_n(&generation, __ATOMIC_ACQUIRE) != seen);
+        pthread_mutex_lock(&mu);
+        while (generation == seen) { sleepers++; pthread_cond_wait(&wake, &mu); sleepers--; }
         seen = generation;
         work();
     }
@@ -59,7 +82,7 @@ static void *worker(void *unused) {
 static void after_fork(void) {
     pthread_mutex_init(&mu, 0); pthread_mutex_init(&call_mu, 0);
     pthread_cond_init(&wake, 0); pthread_cond_init(&done, 0);
-    workers = 0;
+    workers = sleepers = waiting = 0;
 }
 
 __attribute__((constructor)) static void setup(void) { pthread_atfork(0, 0, after_fork); }
@@ -76,10 +99,18 @@ void eclat_parallel(kernel_t fn, void *args, int64_t n, int threads) {
     }
     job = fn; job_args = args; job_n = n;
     chunks = threads < n ? threads : (int)n;
-    next_chunk = 0; pending = chunks; generation++;
-    pthread_cond_broadcast(&wake);
+    next_chunk = 0; pending = chunks;
+    __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);
+    if (sleepers) pthread_cond_broadcast(&wake);
     work();
+    if (pending > 0) {
+        pthread_mutex_unlock(&mu);
+        SPIN_UNTIL(__atomic_load_n(&pending, __ATOMIC_ACQUIRE) == 0);
+        pthread_mutex_lock(&mu);
+    }
+    waiting = 1;
     while (pending > 0) pthread_cond_wait(&done, &mu);
+    waiting = 0;
     pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&call_mu);
 }
