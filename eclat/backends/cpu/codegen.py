@@ -40,6 +40,7 @@ from ...compiler.kernel import (
     as_contraction,
     assume_in,
     axis_vars,
+    bytes_moved,
     flops,
     free_vars,
     loads,
@@ -67,7 +68,10 @@ F32, F16 = ir.FloatType(), ir.HalfType()
 PTR = ir.PointerType()
 FAST = ("reassoc", "nsz", "contract")
 KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
-PARALLEL_MIN_FLOPS = 200_000  # below this, waking threads costs more than it saves
+# below both, handing a kernel to the pool costs more than it saves; a copy above the bytes
+# threshold is split too, so that each core reads what it wrote (the neighbour's L2 is far)
+PARALLEL_MIN_FLOPS = 200_000
+PARALLEL_MIN_BYTES = 256 * 1024
 VECTOR = 8  # float32 lanes of an AVX2 register
 INTERLEAVE = 4  # vectors in flight in vectorised inner loops
 PACKED = "pack:"  # name prefix of weights packed at compile time
@@ -124,7 +128,8 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module
             functions[key] = (k.name, em.function())
         fn_name, outer = functions[key]
         calls.append((fn_name, em.arg_names, outer))
-        if k.schedule.threads > 1 and threads > 1 and outer > 1 and flops(k) >= PARALLEL_MIN_FLOPS:
+        big = flops(k) >= PARALLEL_MIN_FLOPS or bytes_moved(k, program.buffers) >= PARALLEL_MIN_BYTES
+        if k.schedule.threads > 1 and threads > 1 and outer > 1 and big:
             parallel.append(k.name)
     slot_names = [n for n, b in program.buffers.items() if b.role != "temp"] + ["<arena>"]
     _entry(mod, program, plan, slot_names, calls, set(parallel), threads)
