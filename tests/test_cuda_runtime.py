@@ -40,7 +40,7 @@ def test_whole_schedule_space(case: str) -> None:
     check_schedule_space(_exe, case, full=True)
 
 
-@pytest.mark.parametrize("name", ["mlp", "llama", "hf_gpt2"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "llama", "hf_gpt2"])
 def test_zoo_model_matches_torch(name: str) -> None:
     assert_zoo_model_matches_torch(name, "cuda")
 
