@@ -40,8 +40,12 @@ class CompiledModel:
         self.inputs = inputs
         self.out_spec = out_spec
         self._report = report
+        self._expected = [(s.shape, np.dtype(s.dtype.np)) for s in inputs]
 
     def __call__(self, *args: Any) -> Any:
+        if self._plain(args):  # the common call, checked in one pass: a tenth of a small model's time
+            outs = self.executable.run(list(args))
+            return outs[0] if len(outs) == 1 else outs
         flat = _flatten(args)
         if len(flat) != len(self.inputs):
             raise ValueError(f"expected {len(self.inputs)} inputs "
@@ -59,6 +63,12 @@ class CompiledModel:
         if self.out_spec is not None and hasattr(self.out_spec, "num_leaves"):
             return torch.utils._pytree.tree_unflatten(tensors, self.out_spec)
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+    def _plain(self, args: tuple) -> bool:
+        """Whether args are exactly the expected contiguous numpy arrays."""
+        return len(args) == len(self._expected) and all(
+            type(a) is np.ndarray and a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
+            for a, (shape, dtype) in zip(args, self._expected))
 
     @staticmethod
     def _array(k: int, spec: InputSpec, x: Any) -> np.ndarray:
