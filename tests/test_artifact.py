@@ -125,6 +125,20 @@ def test_manifest_holds_the_kernel_program_as_data(saved):
     assert json.loads(json.dumps(encode_program(back))) == manifest["program"]
 
 
+def test_weights_read_only_packed_are_stored_once(saved):
+    """A Linear weight the matmul reads from its packed copy is stored packed, not twice; the
+    round trip above runs from exactly these bytes."""
+    from safetensors.numpy import load as st_load
+
+    with zipfile.ZipFile(saved["path"]) as z:
+        manifest = json.loads(z.read(MANIFEST))
+        stored = set(st_load(z.read("weights.safetensors")))
+    unused = set(manifest["native"]["unused_weights"])
+    weights = {n for n, b in saved["compiled"].executable.program.buffers.items() if b.role == "weight"}
+    assert unused and unused <= weights and not unused & stored
+    assert stored == weights - unused and any(n.startswith("pack:") for n in stored)
+
+
 def test_foreign_cpu_rebuilds_from_the_stored_ir(saved, tmp_path):
     path = str(tmp_path / "foreign.eclat")
 

@@ -141,8 +141,9 @@ def save_artifact(model: CompiledModel, path: str | os.PathLike) -> None:
         raise ArtifactError(f"saving artifacts for target {target!r} is not supported yet "
                             f"(supported: {', '.join(sorted(CODECS))})")
     native, files = CODECS[kind][0](exe)
+    unused = set(native.get("unused_weights", ()))  # e.g. a weight the code reads only packed
     weights = {name: np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1)
-               for name, b in program.buffers.items() if b.role == "weight"}
+               for name, b in program.buffers.items() if b.role == "weight" and name not in unused}
     from safetensors.numpy import save as st_save
 
     files[WEIGHTS] = st_save(weights) if weights else b""
@@ -238,7 +239,9 @@ def load_artifact(path: str | os.PathLike) -> CompiledModel:
 
         weights = st_load(files[WEIGHTS]) if files[WEIGHTS] else {}
         program = decode_program(manifest["program"], weights)
-        missing = [n for n, b in program.buffers.items() if b.role == "weight" and b.data is None]
+        unused = set(manifest["native"].get("unused_weights", ()))
+        missing = [n for n, b in program.buffers.items()
+                   if b.role == "weight" and b.data is None and n not in unused]
         if missing:
             raise ArtifactError(f"{os.fspath(path)} lacks the data of weights {missing[:3]}")
         mp = manifest["memory_plan"]
@@ -277,8 +280,10 @@ def _pack_cpu(exe: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
 
     source = str(exe.module.ir)
     obj = target_machine().emit_object(exe.jit.llvm_module)
+    unused = sorted(n for n, b in exe.program.buffers.items()
+                    if b.role == "weight" and n not in exe.module.used)
     native = {"device": _cpu_host(), "slot_names": list(exe.module.slot_names),
-              "entry": "eclat_run"}
+              "entry": "eclat_run", "unused_weights": unused}
     return native, {SOURCE: source.encode(), OBJECT: bytes(obj)}
 
 
@@ -307,7 +312,8 @@ class NativeProgram:
         self._keep: list[np.ndarray] = []
         for name, j in self._index.items():
             buf = program.buffers.get(name)
-            if name == "<arena>" or (buf is not None and buf.role == "weight" and buf.numel == 0):
+            empty = buf is not None and buf.role == "weight" and (buf.numel == 0 or buf.data is None)
+            if name == "<arena>" or empty:  # no data to point at: a valid address nothing reads
                 self._slots[j] = base + (-base % 64)
             elif buf is not None and buf.role == "weight":
                 data = np.ascontiguousarray(buf.data, dtype=buf.dtype.np)

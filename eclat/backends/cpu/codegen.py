@@ -108,6 +108,7 @@ class Module:
     slot_names: list[str]  # buffers passed to eclat_run, in order (arena last, as "<arena>")
     packed: dict[str, np.ndarray]  # constant buffers made at compile time (packed weights)
     parallel: list[str]  # kernels split across threads
+    used: set[str]  # buffers some kernel reads or writes (a weight read only packed is not)
 
 
 def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module:
@@ -119,6 +120,7 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module
     mod = ir.Module(name="eclat")
     packed: dict[str, np.ndarray] = {}
     calls: list[tuple[str, list[str], int]] = []
+    used: set[str] = set()
     parallel: list[str] = []
     functions: dict[str, tuple[str, int]] = {}
     for k in program.kernels:
@@ -128,12 +130,13 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module
             functions[key] = (k.name, em.function())
         fn_name, outer = functions[key]
         calls.append((fn_name, em.arg_names, outer))
+        used |= em.used
         big = flops(k) >= PARALLEL_MIN_FLOPS or bytes_moved(k, program.buffers) >= PARALLEL_MIN_BYTES
         if k.schedule.threads > 1 and threads > 1 and outer > 1 and big:
             parallel.append(k.name)
     slot_names = [n for n, b in program.buffers.items() if b.role != "temp"] + ["<arena>"]
     _entry(mod, program, plan, slot_names, calls, set(parallel), threads)
-    return Module(mod, slot_names, packed, parallel)
+    return Module(mod, slot_names, packed, parallel, used)
 
 
 def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[str],
@@ -188,10 +191,13 @@ class _KernelEmitter:
         # arguments in order of first use, so that kernels equal up to names look equal
         names = list(dict.fromkeys([x.buffer for x in loads(kernel.body)] + [kernel.out]))
         self.pack_name: str | None = None
+        self.used = set(names)  # what the code dereferences: not a weight it reads packed
         if self.contraction is not None:
             self.pack_name = self._pack()
             if self.pack_name:
                 names.append(self.pack_name)
+                self.used = {x.buffer for x in loads(kernel.body) if x != self.contraction.b}
+                self.used |= {kernel.out, self.pack_name}
         self.arg_names = names
 
     def key(self) -> str:
