@@ -4,6 +4,7 @@ against the numpy interpreter."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -34,6 +35,13 @@ def check(graph: G.Graph, inputs: list[np.ndarray], rtol: float = 1e-5, atol: fl
         else:
             np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     return program
+
+
+def on_two_threads(program):
+    """program compiled with every kernel's schedule asking for two threads."""
+    for k in program.kernels:
+        k.schedule = replace(k.schedule, threads=2)
+    return CpuBackend().compile(program, threads=2)
 
 
 def rand(*shape: int) -> np.ndarray:
@@ -257,9 +265,7 @@ def test_threads_split_large_kernels():
     graph = G.Graph([a, b, x], [matmul(a, b), G.unary("exp2", x)], {})
     inputs = [rand(96, 64), rand(64, 80), rand(256, 300)]
     program = group(graph)
-    for k in program.kernels:
-        k.schedule = type(k.schedule)(**{**k.schedule.__dict__, "threads": 2})
-    exe = CpuBackend().compile(program, threads=2)
+    exe = on_two_threads(program)
     assert exe.module.parallel, "large kernels should run on the thread pool"
     for _ in range(3):
         for got, want in zip(exe.run(inputs), run(graph, inputs)):
@@ -275,9 +281,7 @@ def test_threads_split_a_single_panel_contraction_over_its_batches():
     graph = G.Graph([a, b], [batched_matmul(a, b)], {})
     inputs = [rand(32, 24, 64), rand(32, 64, 16)]
     program = group(graph)
-    for k in program.kernels:
-        k.schedule = type(k.schedule)(**{**k.schedule.__dict__, "threads": 2})
-    exe = CpuBackend().compile(program, threads=2)
+    exe = on_two_threads(program)
     assert exe.module.parallel
     for got, want in zip(exe.run(inputs), run(graph, inputs)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
@@ -290,9 +294,7 @@ def test_thread_pool_sleeps_when_idle():
 
     x = G.input_("x", (512, 512))
     program = group(G.Graph([x], [G.unary("exp2", x)], {}))
-    for k in program.kernels:
-        k.schedule = type(k.schedule)(**{**k.schedule.__dict__, "threads": 2})
-    exe = CpuBackend().compile(program, threads=2)
+    exe = on_two_threads(program)
     exe.run([rand(512, 512)])
     cpu, wall = time.process_time(), time.perf_counter()
     time.sleep(0.3)
@@ -352,9 +354,7 @@ def test_thread_pool_survives_fork():
 
     x = G.input_("x", (512, 512))
     program = group(G.Graph([x], [G.unary("exp2", x)], {}))
-    for k in program.kernels:
-        k.schedule = type(k.schedule)(**{**k.schedule.__dict__, "threads": 2})
-    exe = CpuBackend().compile(program, threads=2)
+    exe = on_two_threads(program)
     a = rand(512, 512)
     exe.run([a])
     pid = os.fork()
