@@ -77,6 +77,7 @@ INTERLEAVE = 4  # vectors in flight in vectorised inner loops
 PACKED = "pack:"  # name prefix of weights packed at compile time
 RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
 UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
+COMBINE = {"sum": "add", "max_reduce": "max"}  # the binary op that folds each reduction
 PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
 
 _REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F16,
@@ -495,27 +496,26 @@ class _KernelEmitter:
             return b.call(_intrinsic(self.mod, "llvm.fmuladd", args[0].type, 3), args)
         return binary(b, e.op, args, dt)
 
+    def _term(self, r: Reduce, cands: list[Reduce], i: ir.Value) -> ir.Value:
+        """r's body at r.var = i, its own inner reduces hoisted where they can be."""
+        self.bind(r.var.name, i)
+        self.hoist(cands)
+        return self.emit(r.body)
+
     def reduce(self, r: Reduce) -> ir.Value:
         cands = reduces(r.body)
+        op = COMBINE[r.op]
         if r.size <= UNROLL_REDUCE:  # a pooling window: straight-line code keeps the outer loop vectorisable
             acc = identity(r.op, r.dtype)
             for j in range(r.size):
                 self.push()
-                self.bind(r.var.name, _i64(j))
-                self.hoist(cands)
-                acc = binary(self.b, "add" if r.op == "sum" else "max", [acc, self.emit(r.body)], r.dtype)
+                acc = binary(self.b, op, [acc, self._term(r, cands, _i64(j))], r.dtype)
                 self.pop()
             return acc
-
         if r.op == "max_reduce" and r.dtype.is_float:
             return self._float_max(r, cands)
-
-        def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-            self.bind(r.var.name, i)
-            self.hoist(cands)
-            return [binary(self.b, "add" if r.op == "sum" else "max", [accs[0], self.emit(r.body)], r.dtype)]
-
-        return self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype)], body)[0]
+        return self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype)],
+                         lambda i, accs: [binary(self.b, op, [accs[0], self._term(r, cands, i)], r.dtype)])[0]
 
     def _float_max(self, r: Reduce, cands: list[Reduce]) -> ir.Value:
         """A NaN-propagating max as a plain maxnum (declared NaN-free and sign-of-zero-free: one
@@ -525,9 +525,7 @@ class _KernelEmitter:
         maxnum = _intrinsic(self.mod, "llvm.maxnum", reg_type(r.dtype), 2)
 
         def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-            self.bind(r.var.name, i)
-            self.hoist(cands)
-            x = self.emit(r.body)
+            x = self._term(r, cands, i)
             return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz")),
                     b.or_(accs[1], b.fcmp_unordered("uno", x, x))]
 
