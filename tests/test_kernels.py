@@ -113,13 +113,15 @@ def test_reductions_including_empty(op, shape, axis):
 
 @pytest.mark.parametrize("size", [3, 100])  # unrolled, and the vectorised loop with its remainder
 def test_float_max_reduce_propagates_nan_wherever_it_sits(size):
-    x = rand(6, size)
+    x = rand(8, size)
     x[0, 0] = x[1, size // 2] = x[2, size - 1] = np.nan
     x[3, :] = -np.inf
     x[4, 1] = np.inf
+    x[5, 0], x[5, -1] = np.inf, -np.inf  # infinities of both signs, no NaN (the code's sum is NaN)
+    x[6, ::2], x[6, 1::2] = 3e38, -3e38  # a sum that overflows both ways
     want = x.max(axis=1)
-    assert np.isnan(want[:3]).all() and want[3] == -np.inf and want[4] == np.inf
-    node = G.input_("x", (6, size))
+    assert np.isnan(want[:3]).all() and want[3] == -np.inf and want[4] == want[5] == np.inf
+    node = G.input_("x", (8, size))
     check(G.Graph([node], [G.reduce("max_reduce", node, 1)], {}), [x])
 
 
