@@ -54,12 +54,13 @@ _EXP2_P = [0.0013276357203722, 0.009675503708422184, 0.05550713092088699, 0.2402
 def _exp2(b: ir.IRBuilder, x: ir.Value, module: ir.Module) -> ir.Value:
     c = b.select(b.fcmp_ordered("<", x, _f(-127.0)), _f(-127.0), x)
     c = b.select(b.fcmp_ordered(">", c, _f(128.0)), _f(128.0), c)
-    # adding 1.5 * 2^23 rounds to an integer that lands in the low mantissa bits: rint and
-    # float->int in one add, and defined for NaN (fptosi of NaN would be poison)
-    t = b.fadd(c, _f(_ROUND))
-    f = b.fsub(c, b.fsub(t, _f(_ROUND)))
+    # adding 1.5 * 2^23 + 127 rounds to an integer that lands in the low mantissa bits, the
+    # exponent bias already added: rint, float->int and the bias in one add, and defined for
+    # NaN (fptosi of NaN would be poison). The shift keeps the low 9 bits: round(c) + 127.
+    t = b.fadd(c, _f(_ROUND + 127))
+    f = b.fsub(c, b.fsub(t, _f(_ROUND + 127)))
     p = _poly(b, f, _EXP2_P)
-    bits = b.shl(b.add(b.bitcast(t, I32), _i(127)), _i(23))
+    bits = b.shl(b.bitcast(t, I32), _i(23))
     return b.fmul(p, b.bitcast(bits, F32))  # NaN passes the clamps (each select keeps x) and p
 
 
