@@ -174,6 +174,27 @@ def test_softmax_reductions_are_hoisted():
     assert flops(program.kernels[0]) < 6 * 33 * 20
 
 
+def test_exp_of_a_row_minus_its_max_skips_the_overflow_clamp_only_there():
+    """exp2(x - max(x)) cannot overflow, so it is emitted without the upper clamp, extreme rows
+    included; exp2(x - max(y)) can, and keeps the clamp (inf where x - max(y) > 128)."""
+    x, y = G.input_("x", (6, 40)), G.input_("y", (6, 40))
+
+    def minus_max(of: G.Node) -> G.Node:
+        return G.binary("add", x, G.unary("neg", rows(G.reduce("max_reduce", of, 1), 40)))
+    own = G.unary("exp2", G.binary("mul", minus_max(x), G.expand_to(G.const(1.4426950408889634), (6, 40))))
+    other = G.unary("exp2", minus_max(y))
+    xs, ys = rand(6, 40) * 30, rand(6, 40)
+    xs[0, 3], xs[1, :], xs[2, 5], xs[3, 7], xs[4, 9] = 1e30, -np.inf, np.inf, np.nan, -1e30
+    xs[5, :] = 200.0
+    ys[5, :] = 0.0
+    for out, clamped in ((own, False), (other, True)):
+        graph = G.Graph([x, y], [out], {})
+        check(graph, [xs, ys])
+        ir_text = str(CpuBackend().compile(group(graph), 1).module.ir)
+        assert ("eclat_exp2_nonpositivef" in ir_text) is not clamped
+    assert np.isinf(run(G.Graph([x, y], [other], {}), [xs, ys])[0][5]).all()
+
+
 def test_views_with_masks_negative_strides_and_steps():
     x = G.input_("x", (5, 8))
     flipped = G.movement(x, lambda v: v.flip([1]))

@@ -40,6 +40,7 @@ Schedules are data (`Schedule`); `default_schedule` needs no tuning and
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -194,20 +195,19 @@ def loads(e: KExpr) -> list[Load | Gather]:
     return [x for x in walk(e) if isinstance(x, (Load, Gather))]
 
 
-def assume_in(e: KExpr, cond: Expr) -> KExpr:
-    """e with its index, validity and mask expressions simplified under cond (symbolic.assume):
-    for code that runs only where cond holds, e.g. the interior of a padded output."""
+def map_indices(e: KExpr, f: Callable[[Expr], Expr]) -> KExpr:
+    """e with f applied to every index, validity and mask expression in it."""
     memo: dict[KExpr, KExpr] = {}
 
     def go(x: KExpr) -> KExpr:
         if x in memo:
             return memo[x]
         if isinstance(x, Load):
-            out: KExpr = Load(x.buffer, assume(x.index, cond), assume(x.valid, cond), x.dtype)
+            out: KExpr = Load(x.buffer, f(x.index), f(x.valid), x.dtype)
         elif isinstance(x, Index):
-            out = Index(assume(x.expr, cond), x.dtype)
+            out = Index(f(x.expr), x.dtype)
         elif isinstance(x, Gather):
-            out = Gather(x.buffer, go(x.idx), x.rows, x.row_size, assume(x.inner, cond), x.dtype)
+            out = Gather(x.buffer, go(x.idx), x.rows, x.row_size, f(x.inner), x.dtype)
         elif isinstance(x, Op):
             out = Op(x.op, tuple(go(s) for s in x.srcs), x.dtype)
         elif isinstance(x, Reduce):
@@ -217,6 +217,12 @@ def assume_in(e: KExpr, cond: Expr) -> KExpr:
         memo[x] = out
         return out
     return go(e)
+
+
+def assume_in(e: KExpr, cond: Expr) -> KExpr:
+    """e with its index, validity and mask expressions simplified under cond (symbolic.assume):
+    for code that runs only where cond holds, e.g. the interior of a padded output."""
+    return map_indices(e, lambda x: assume(x, cond))
 
 
 # --- schedules ------------------------------------------------------------------------------

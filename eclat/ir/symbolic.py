@@ -236,23 +236,34 @@ _BUILD: dict[str, Callable[[Expr, Expr], Expr]] = {"+": add, "*": mul, "//": flo
                                                    "and": logical_and}
 
 
+def _map_vars(x: sint, f: Callable[[Var], Expr]) -> Expr:
+    """x rebuilt through the simplifying constructors with each variable v replaced by f(v)."""
+    def go(e: Expr) -> Expr:
+        if isinstance(e, Var):
+            return f(e)
+        if isinstance(e, BinOp):
+            return _BUILD[e.op](go(e.a), go(e.b))
+        return e
+    return go(to_expr(x))
+
+
 def assume(x: sint, cond: sint) -> Expr:
     """x rebuilt with each variable narrowed to the range cond implies, so that the simplifying
     constructors can use it: an index read only where a padding mask holds divides exactly.
     Equal to x wherever cond holds; use it only for values that are masked where it does not."""
-    x = to_expr(x)
     narrowed = ranges(cond)
     if not narrowed:
-        return x
+        return to_expr(x)
 
-    def go(e: Expr) -> Expr:
-        if isinstance(e, Var) and e.name in narrowed:
-            lo, hi = narrowed[e.name]
-            return Var(e.name, lo, hi) if lo <= hi else e
-        if isinstance(e, BinOp):
-            return _BUILD[e.op](go(e.a), go(e.b))
-        return e
-    return go(x)
+    def narrow(v: Var) -> Expr:
+        lo, hi = narrowed.get(v.name, (v.lo, v.hi))
+        return Var(v.name, lo, hi) if v.name in narrowed and lo <= hi else v
+    return _map_vars(x, narrow)
+
+
+def rename(x: sint, old: str, new: Var) -> Expr:
+    """x with the variable named old replaced by new."""
+    return _map_vars(x, lambda v: new if v.name == old else v)
 
 
 def evaluate(x: sint, env: Mapping[str, int] | None = None):

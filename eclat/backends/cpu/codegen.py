@@ -20,6 +20,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import llvmlite.ir as ir
 import numpy as np
@@ -44,6 +45,7 @@ from ...compiler.kernel import (
     flops,
     free_vars,
     loads,
+    map_indices,
     reduces,
 )
 from ...compiler.memplan import MemoryPlan
@@ -58,6 +60,7 @@ from ...ir.symbolic import (
     is_range,
     logical_and,
     ranges,
+    rename,
     variables,
 )
 from ...ir.view import contiguous_strides
@@ -480,9 +483,11 @@ class _KernelEmitter:
             return (b.icmp_unsigned if src is DType.bool else b.icmp_signed)("<", *args)
         if e.op in ("exp2", "log2", "sin"):
             x = args[0]
+            fn = math_function(self.mod, "exp2_nonpositive" if e.op == "exp2" and
+                               _below_own_max(e.srcs[0], axis_vars(self.k.shape)) else e.op)
             if x.type != F32:
-                return b.fptrunc(b.call(math_function(self.mod, e.op), [b.fpext(x, F32)]), x.type)
-            return b.call(math_function(self.mod, e.op), [x])
+                return b.fptrunc(b.call(fn, [b.fpext(x, F32)]), x.type)
+            return b.call(fn, [x])
         if e.op == "sqrt":
             return b.call(_intrinsic(self.mod, "llvm.sqrt", args[0].type), args)
         if e.op == "neg":
@@ -527,7 +532,8 @@ class _KernelEmitter:
 
         def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
             x = self._term(r, cands, i)
-            return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz")), binary(b, "add", [accs[1], x], r.dtype)]
+            return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz")),
+                    binary(b, "add", [accs[1], x], r.dtype)]
 
         best, total = self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype), zero(r.dtype)], body)
         pre = b.block
@@ -754,6 +760,28 @@ class _KernelEmitter:
             self.loop(_i64(0), cols, [], col)
             return []
         self.loop(_i64(0), rows, [], row)
+
+
+# --- value facts ------------------------------------------------------------------------------
+
+def _below_own_max(e: KExpr, axes: list[Var]) -> bool:
+    """Whether e is (x - max_r x) or (x - max_r x) * c with c >= 0, x taken at an axis the
+    reduction spans: never above 0, or NaN. The reduction's terms are x itself, emitted by the
+    same code, so they round the same way (softmax over scores * scale + mask included)."""
+    if isinstance(e, Op) and e.op == "mul":
+        scale = [s for s in e.srcs if isinstance(s, Const)]
+        if len(scale) != 1 or not scale[0].value >= 0:
+            return False
+        e = next(s for s in e.srcs if s is not scale[0])
+    if not (isinstance(e, Op) and e.op == "add"):
+        return False
+    shift = [s for s in e.srcs if isinstance(s, Op) and s.op == "neg" and isinstance(s.srcs[0], Reduce)
+             and s.srcs[0].op == "max_reduce"]
+    if not shift:
+        return False
+    r, x = shift[0].srcs[0], next(s for s in e.srcs if s is not shift[0])
+    return any(v.hi < r.size and map_indices(r.body, partial(rename, old=r.var.name, new=v)) == x
+               for v in axes)
 
 
 # --- scalar helpers ----------------------------------------------------------------------------

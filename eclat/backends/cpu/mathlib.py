@@ -51,9 +51,10 @@ _EXP2_P = [0.0013276357203722, 0.009675503708422184, 0.05550713092088699, 0.2402
            0.6931469440460205, 1.0]
 
 
-def _exp2(b: ir.IRBuilder, x: ir.Value, module: ir.Module) -> ir.Value:
+def _exp2(b: ir.IRBuilder, x: ir.Value, module: ir.Module, overflows: bool = True) -> ir.Value:
     c = b.select(b.fcmp_ordered("<", x, _f(-127.0)), _f(-127.0), x)
-    c = b.select(b.fcmp_ordered(">", c, _f(128.0)), _f(128.0), c)
+    if overflows:  # (the caller knows when x cannot exceed 128: softmax's x - max(x))
+        c = b.select(b.fcmp_ordered(">", c, _f(128.0)), _f(128.0), c)
     # adding 1.5 * 2^23 + 127 rounds to an integer that lands in the low mantissa bits, the
     # exponent bias already added: rint, float->int and the bias in one add, and defined for
     # NaN (fptosi of NaN would be poison). The shift keeps the low 9 bits: round(c) + 127.
@@ -103,11 +104,13 @@ def _sin(b: ir.IRBuilder, x: ir.Value, module: ir.Module) -> ir.Value:
 
 _EMITTERS: dict[str, Callable[[ir.IRBuilder, ir.Value, ir.Module], ir.Value]] = {
     "exp2": _exp2, "log2": _log2, "sin": _sin,
+    "exp2_nonpositive": lambda b, x, module: _exp2(b, x, module, overflows=False),  # x <= 0 or NaN
 }
 
 
 def math_function(module: ir.Module, op: str) -> ir.Function:
-    """The always-inline float32 function for op ("exp2" | "log2" | "sin") in module."""
+    """The always-inline float32 function for op ("exp2" | "exp2_nonpositive" | "log2" | "sin")
+    in module."""
     name = f"eclat_{op}f"
     fn = module.globals.get(name)
     if fn is not None:
