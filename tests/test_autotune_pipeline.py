@@ -80,3 +80,21 @@ def test_a_foreign_database_warns_and_still_compiles(tmp_path):
         torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-3, atol=1e-4)
     with pytest.raises(TypeError, match="db must be a path or a TuningDB"):
         eclat.compile(model, x, autotune="fast", k=1, db=42, cache_dir=tmp_path / "other", quiet=True)
+
+
+def test_tuning_entries_are_kept_per_eclat_version(tmp_path, monkeypatch):
+    """A schedule tuned by one version's code generation is not read by another's: the database's
+    backend field carries eclat's source version, so a changed eclat tunes afresh."""
+    from eclat.autotune import TuningDB, cache
+
+    model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
+    first, _ = _timed_compile(model, inputs, tmp_path)
+    with TuningDB(tmp_path / "tuning.db") as db:
+        backends = {e.key.backend for e in db.entries()}
+    assert backends == {f"cpu@{cache.source_version()}"}
+    monkeypatch.setattr(cache, "source_version", lambda: "another-eclat")
+    second, _ = _timed_compile(model, inputs, tmp_path)
+    one, two = first.report(), second.report()
+    assert two["tuning_cache"] == one["tuning_cache"] and one["tuning_cache"]["misses"] > 0  # tuned afresh
+    assert not two["candidates"].get("cached")
+    torch.testing.assert_close(second(*inputs), first(*inputs))

@@ -787,6 +787,7 @@ def tune_schedules(program: Program, inputs: list[np.ndarray], make, *, backend:
     gpu_schedule_space. make(program, schedules) returns an executable with run(inputs) and
     time_kernel(name) -> seconds. A candidate counts as correct when its output equals (to
     1e-4) that of the default schedule, which the caller verifies against the reference."""
+    from ..autotune.cache import versioned
     from ..autotune.db import TuningKey
     from ..autotune.search import Candidate, search
 
@@ -801,7 +802,8 @@ def tune_schedules(program: Program, inputs: list[np.ndarray], make, *, backend:
             continue
         default = outs[mine[0].out]
         cands = [Candidate(v.schedule, 0.0, v) for v in mine]  # one roofline for all: default first
-        key = None if db is None else TuningKey.make(kernel_key(k), k.shape, k.body.dtype, backend, device)
+        key = None if db is None else TuningKey.make(kernel_key(k), k.shape, k.body.dtype, versioned(backend),
+                                                     device)
         found = search(cands, time_fn=lambda c: exe.time_kernel(c.payload.name) * 1e6,
                        check_fn=lambda c, d=default: bool(np.allclose(outs[c.payload.out], d, rtol=1e-4,
                                                                       atol=1e-5, equal_nan=True)),

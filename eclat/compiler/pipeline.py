@@ -244,7 +244,8 @@ def _program_cache(model: Any, example_inputs: tuple, target: str, mode: str, k:
     check against the model run by torch catches."""
     import torch
 
-    from ..autotune import cache_dir as root
+    from ..autotune.cache import cache_dir as root
+    from ..autotune.cache import source_version
 
     h = hashlib.sha256(f"{target}|{mode}|{k}|{threads}|{torch.__version__}".encode())
     for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
@@ -259,8 +260,7 @@ def _program_cache(model: Any, example_inputs: tuple, target: str, mode: str, k:
         h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     for x in _flatten(example_inputs):
         h.update(f"{tuple(getattr(x, 'shape', ()))}|{getattr(x, 'dtype', type(x))}".encode())
-    for f in sorted(Path(__file__).parent.parent.rglob("*.py")):  # eclat's own version, to the edit
-        h.update(f.read_bytes())
+    h.update(source_version().encode())
     return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.zip"
 
 
@@ -338,11 +338,12 @@ def _choice_key(graph: Graph, mode: str, k: int, backend: str, device: Any) -> A
     """The database key of a graph's chosen candidate: its structure and shapes (not its weight
     values, which do not change which program is fastest), the search mode, k, backend and device."""
     from ..autotune import TuningKey
+    from ..autotune.cache import versioned
 
     weights = sorted((name, w.shape, str(w.dtype)) for name, w in graph.weights.items())
     text = f"{graph}|{weights}|{mode}|k={k}"
-    return TuningKey.make("program:" + hashlib.sha256(text.encode()).hexdigest()[:24], [], "", backend,
-                          device.fingerprint)
+    return TuningKey.make("program:" + hashlib.sha256(text.encode()).hexdigest()[:24], [], "",
+                          versioned(backend), device.fingerprint)
 
 
 def _known_choice(db: Any, key: Any, count: int) -> int | None:

@@ -1,5 +1,6 @@
 """Schedule tuning: time a kernel's schedule space on the device, keep the fastest in the
-tuning database (keyed by kernel structure, shape, dtype, backend and device fingerprint),
+tuning database (keyed by kernel structure, shape, dtype, backend with eclat's source version,
+and device fingerprint),
 so that a second compile of the same model reads its schedules instead of searching.
 
 "fast" tunes contraction kernels over the first FAST_SCHEDULES of their space; "full"
@@ -77,9 +78,10 @@ def tune(program: Program, backend: Any, device: Any, db: Any, mode: str, thread
         key = None
         if db is not None and device is not None:
             from ..autotune import TuningKey
+            from ..autotune.cache import versioned
 
-            key = TuningKey.make(kernel_key(kernel, program), kernel.shape, kernel.body.dtype, backend.name,
-                                 device.fingerprint)
+            key = TuningKey.make(kernel_key(kernel, program), kernel.shape, kernel.body.dtype,
+                                 versioned(backend.name), device.fingerprint)
             entry = db.get(key)
             if entry is not None and (mode != "full" or entry.meta.get("mode") == "full"):
                 kernel.schedule = _schedule_from(entry.schedule)
