@@ -19,7 +19,8 @@ def _timed_compile(model, inputs, cache):
     return compiled, time.perf_counter() - start
 
 
-def test_second_compile_reads_the_cache_and_is_much_faster(tmp_path):
+def test_second_compile_reads_the_cache_and_is_much_faster(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "_faster_first", lambda *a: True)  # tuned schedules kept: read back below
     model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
     first, first_s = _timed_compile(model, inputs, tmp_path)
     second, second_s = _timed_compile(model, inputs, tmp_path)
@@ -98,3 +99,39 @@ def test_tuning_entries_are_kept_per_eclat_version(tmp_path, monkeypatch):
     assert two["tuning_cache"] == one["tuning_cache"] and one["tuning_cache"]["misses"] > 0  # tuned afresh
     assert not two["candidates"].get("cached")
     torch.testing.assert_close(second(*inputs), first(*inputs))
+
+
+def test_tuned_schedules_are_kept_only_when_the_whole_program_runs_faster(tmp_path, monkeypatch):
+    """Kernels are tuned one at a time; when their tuned schedules together lose to the defaults
+    the defaults run, the program says so, and later compiles (the choice in the database, the
+    program cache) build the defaults without tuning again."""
+    from dataclasses import replace
+
+    from eclat.compiler import tune as tune_module
+
+    class Sleeper:
+        def __init__(self, seconds):
+            self.seconds = seconds
+
+        def run(self, inputs):
+            time.sleep(self.seconds)
+    assert pipeline._faster_first(Sleeper(0.0), Sleeper(0.002), [])
+    assert not pipeline._faster_first(Sleeper(0.002), Sleeper(0.0), [])
+
+    def unroll_everything(program, *args, **kwargs):  # a "tuned" schedule that differs from the default
+        for k in program.kernels:
+            k.schedule = replace(k.schedule, unroll=3)
+        return {"tuned": len(program.kernels)}
+    monkeypatch.setattr(tune_module, "tune", unroll_everything)
+    monkeypatch.setattr(pipeline, "_faster_first", lambda a, b, arrays: False)  # the defaults win
+    model, inputs = Affine(0), (torch.randn(4, 8),)
+    first = eclat.compile(model, inputs, autotune="fast", cache_dir=tmp_path, quiet=True)
+    assert all(k.schedule.unroll != 3 for k in first.executable.program.kernels)
+    calls = []
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **k: calls.append(1) or {"tuned": 0})
+    for _ in range(2):  # the program cache, then (without it) the database's choice
+        again = eclat.compile(model, inputs, autotune="fast", cache_dir=tmp_path, quiet=True)
+        assert calls == [] and all(k.schedule.unroll != 3 for k in again.executable.program.kernels)
+        torch.testing.assert_close(again(*inputs), first(*inputs))
+        for f in (tmp_path / "programs").glob("*.zip"):
+            f.unlink()

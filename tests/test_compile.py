@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import eclat
+from eclat.compiler import pipeline
 from tests.zoo import ZOO
 
 
@@ -88,7 +89,8 @@ def test_bad_options():
         eclat.compile(model, inputs, target="tpu", autotune="none")
 
 
-def test_autotune_fills_the_tuning_cache(tmp_path):
+def test_autotune_fills_the_tuning_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "_faster_first", lambda *a: True)  # tuned schedules kept: read back below
     model, inputs = ZOO["mlp"](batch=8)
     first = eclat.compile(model, inputs, autotune="fast", k=1, cache_dir=str(tmp_path), quiet=True)
     second = eclat.compile(model, inputs, autotune="fast", k=1, cache_dir=str(tmp_path), quiet=True)

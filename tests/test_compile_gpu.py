@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import eclat
+from eclat.compiler import pipeline
 from eclat.compiler.pipeline import device_missing
 from tests.gpu_cases import opencl_or_skip
 
@@ -31,8 +32,9 @@ def _tiny():
     return Tiny().eval(), (torch.randn(4, 16),)
 
 
-def test_opencl_tunes_through_the_database(tmp_path):
+def test_opencl_tunes_through_the_database(tmp_path, monkeypatch):
     opencl_or_skip()
+    monkeypatch.setattr(pipeline, "_faster_first", lambda *a: True)  # tuned schedules kept: read back below
     model, inputs = _tiny()
     first, second = (eclat.compile(model, inputs, target="opencl", autotune="fast", k=1, cache_dir=tmp_path,
                                    quiet=True) for _ in range(2))

@@ -98,12 +98,12 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         reference = interpret(_reference_graph(graph, candidates), arrays) if verify else None
         hits, misses = (tdb.hits, tdb.misses) if tdb is not None else (0, 0)
         chosen_key = _choice_key(graph, autotune, k, backend.name, device) if tdb is not None else None
-        known = _known_choice(tdb, chosen_key, len(candidates))
+        known, tuned = _known_choice(tdb, chosen_key, len(candidates))
         built = None
         grouped = _programs([candidates[known]], device, threads, []) if known is not None else []
         if grouped:  # the database's winner, built with its schedules, verified
-            built = _build_tuned(grouped[0][2], backend, device, autotune, threads, tdb, arrays, reference,
-                                 bars)
+            built = _build_remembered(grouped[0][2], backend, device, autotune, threads, tdb, arrays,
+                                      reference, tuned, bars)
         if built is not None:
             exe, program = built
             picked = {"errors": [], "timed": 0, "pruned": len(candidates) - 1}
@@ -111,16 +111,18 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         else:
             picked = _pick(candidates, backend, device, autotune, threads, arrays, reference, bars)
             seconds, exe, program, n = picked["best"]
+            tuned = False
             if tdb is not None:
-                tdb.put(chosen_key, {"candidate": n}, seconds * 1e6)
-                exe = _tuned(program, backend, device, autotune, threads, tdb, arrays, reference, exe, bars)
+                exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, arrays, reference, exe,
+                                    bars)
+                tdb.put(chosen_key, {"candidate": n, "tuned": tuned}, seconds * 1e6)
         errors = picked["errors"]
         for line in errors if not quiet else ():
             print(f"eclat: skipped {line}")
         counts = {"hits": tdb.hits - hits, "misses": tdb.misses - misses} if tdb is not None else {
             "hits": 0, "misses": 0}
         if remember is not None:
-            _write_program_cache(remember, program, n, graph)
+            _write_program_cache(remember, program, n, tuned, graph)
     finally:
         if owned:
             tdb.close()
@@ -193,18 +195,32 @@ def _pick(candidates: list[Graph], backend: Any, device: Any, mode: str, threads
     return {"best": best, "errors": errors, "timed": timed, "pruned": pruned}
 
 
-def _build_tuned(program: Program, backend: Any, device: Any, mode: str, threads: int, db: Any,
-                 arrays: list[np.ndarray], reference: list[np.ndarray] | None,
-                 bars: bool | None) -> tuple[Any, Program] | None:
-    """A remembered winner with its schedules read from the database (tuned if absent), built once
-    and verified; None when it no longer builds or verifies (then the caller searches)."""
-    exe = _tuned(program, backend, device, mode, threads, db, arrays, reference, None, bars)
-    return None if exe is None else (exe, program)
+def _build_remembered(program: Program, backend: Any, device: Any, mode: str, threads: int, db: Any,
+                      arrays: list[np.ndarray], reference: list[np.ndarray] | None, tuned: bool,
+                      bars: bool | None) -> tuple[Any, Program] | None:
+    """A remembered winner built once and verified: with the database's schedules if it won tuned
+    (tuning those absent), else with its own; None when it no longer builds or verifies (then the
+    caller searches)."""
+    if tuned:
+        exe, _ = _tuned(program, backend, device, mode, threads, db, arrays, reference, None, bars)
+        return None if exe is None else (exe, program)
+    try:
+        exe = backend.compile(program, threads)
+        outs = exe.run([np.ascontiguousarray(a) for a in arrays])
+        if reference is not None:
+            _verify(outs, reference)
+    except Exception:
+        return None
+    return exe, program
 
 
 def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int, db: Any,
-           arrays: list[np.ndarray], reference: list[np.ndarray] | None, exe: Any, bars: bool | None) -> Any:
-    """Tune the chosen program's schedules; keep the untuned build if the tuned one fails."""
+           arrays: list[np.ndarray], reference: list[np.ndarray] | None, untuned: Any,
+           bars: bool | None) -> tuple[Any, bool]:
+    """Tune the chosen program's schedules: (executable, whether it runs the tuned ones). The untuned
+    build is kept when tuning fails, or when it runs the whole program faster: kernels tuned one at
+    a time do not see what they cost each other (data moving between cores, caches they evict)."""
+    defaults = [k.schedule for k in program.kernels]
     try:
         if hasattr(backend, "tune"):  # GPU backends search their own schedule space
             schedules = backend.tune(program, [np.ascontiguousarray(a) for a in arrays], mode, db,
@@ -218,9 +234,23 @@ def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int,
         outs = tuned.run([np.ascontiguousarray(a) for a in arrays])
         if reference is not None:
             _verify(outs, reference)
+        keep_tuned = untuned is None or _faster_first(tuned, untuned, arrays)
     except Exception:  # never a fast wrong answer: fall back to the verified default schedules
-        return exe
-    return tuned
+        keep_tuned = False
+    if keep_tuned:
+        return tuned, True
+    for k, s in zip(program.kernels, defaults):  # the program describes what runs
+        k.schedule = s
+    return untuned, False
+
+
+def _faster_first(a: Any, b: Any, arrays: list[np.ndarray], rounds: int = 3) -> bool:
+    """Whether a runs arrays faster than b, timed in turns so that drift falls on both."""
+    ta, tb = [], []
+    for _ in range(rounds):
+        ta.append(_time(a, arrays, budget=0.05))
+        tb.append(_time(b, arrays, budget=0.05))
+    return statistics.median(ta) <= statistics.median(tb)
 
 
 def _open_db(db: Any, cache_dir: str | os.PathLike | None) -> tuple[Any, bool]:
@@ -264,7 +294,7 @@ def _program_cache(model: Any, example_inputs: tuple, target: str, mode: str, k:
     return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.zip"
 
 
-def _write_program_cache(path: Path, program: Program, n: int, graph: Graph) -> None:
+def _write_program_cache(path: Path, program: Program, n: int, tuned: bool, graph: Graph) -> None:
     """Keep the chosen candidate's kernels as data, in the artifact's encoding (atomically; a
     cache that cannot be written is only slower)."""
     from safetensors.numpy import save
@@ -273,8 +303,8 @@ def _write_program_cache(path: Path, program: Program, n: int, graph: Graph) -> 
 
     weights = {b.name: np.ascontiguousarray(b.data) for b in program.buffers.values() if b.data is not None}
     inputs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in _specs(graph)]
-    meta = {"program": encode_program(program), "n": n, "out_spec": _out_spec_text(graph.out_spec),
-            "inputs": inputs}
+    meta = {"program": encode_program(program), "n": n, "tuned": tuned,
+            "out_spec": _out_spec_text(graph.out_spec), "inputs": inputs}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -300,7 +330,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
             meta = json.loads(z.read("program.json"))
             raw = z.read("weights.safetensors")
         program = decode_program(meta["program"], load(raw) if raw else {})
-        n, out_spec = meta["n"], meta["out_spec"]
+        n, tuned, out_spec = meta["n"], meta.get("tuned", True), meta["out_spec"]
         specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]]) for s in meta["inputs"]]
     except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
@@ -318,8 +348,8 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
     tdb, owned = _open_db(db, cache_dir)
     try:
         hits, misses = tdb.hits, tdb.misses
-        built = _build_tuned(program, backend, device, mode, threads, tdb, arrays, reference,
-                             True if quiet else None)
+        built = _build_remembered(program, backend, device, mode, threads, tdb, arrays, reference, tuned,
+                                  True if quiet else None)
         counts = {"hits": tdb.hits - hits + 1, "misses": tdb.misses - misses}  # + the program itself
     finally:
         if owned:
@@ -346,10 +376,12 @@ def _choice_key(graph: Graph, mode: str, k: int, backend: str, device: Any) -> A
                           versioned(backend), device.fingerprint)
 
 
-def _known_choice(db: Any, key: Any, count: int) -> int | None:
+def _known_choice(db: Any, key: Any, count: int) -> tuple[int | None, bool]:
+    """The remembered candidate number (None if none) and whether it won with tuned schedules."""
     entry = db.get(key) if db is not None else None
     n = entry.schedule.get("candidate") if entry is not None else None
-    return n if isinstance(n, int) and 0 <= n < count else None
+    tuned = entry.schedule.get("tuned", True) if entry is not None else True
+    return (n if isinstance(n, int) and 0 <= n < count else None), bool(tuned)
 
 
 def _estimate_us(program: Program, device: Any) -> float:
