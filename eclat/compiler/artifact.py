@@ -291,50 +291,21 @@ def _enabled(features: str) -> set[str]:
     return {f[1:] for f in features.split(",") if f.startswith("+")}
 
 
-class NativeProgram:
-    """A loaded CPU program: the same calling convention as the CPU backend's executable
-    (`eclat_run(slots)`, slots ordered as `slot_names`, the arena last)."""
+def _native_program(program: Program, plan: MemoryPlan, slot_names: list[str], engine: Any, entry: str,
+                    loaded_from: str) -> Any:
+    """A loaded CPU program, run as the CPU backend runs its own (backends.cpu.runtime.NativeRun)."""
+    from ..backends.cpu.runtime import NativeRun
 
-    def __init__(self, program: Program, plan: MemoryPlan, slot_names: list[str], engine: Any, entry: str,
-                 loaded_from: str):
-        import ctypes
-
-        self.program, self.plan, self.loaded_from = program, plan, loaded_from
-        self._engine = engine  # owns the machine code
-        address = engine.get_function_address(entry)
-        if not address:
-            raise ArtifactError(f"the compiled code has no entry point {entry!r}")
-        self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
-        self._arena = np.zeros(max(plan.arena_bytes, 1) + 64, dtype=np.uint8)
-        base = self._arena.ctypes.data
-        self._slots = (ctypes.c_void_p * len(slot_names))()
-        self._index = {name: j for j, name in enumerate(slot_names)}
-        self._keep: list[np.ndarray] = []
-        for name, j in self._index.items():
-            buf = program.buffers.get(name)
-            empty = buf is not None and buf.role == "weight" and (buf.numel == 0 or buf.data is None)
-            if name == "<arena>" or empty:  # no data to point at: a valid address nothing reads
-                self._slots[j] = base + (-base % 64)
-            elif buf is not None and buf.role == "weight":
-                data = np.ascontiguousarray(buf.data, dtype=buf.dtype.np)
-                self._keep.append(data)
-                self._slots[j] = data.ctypes.data
-
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        p = self.program
-        outs = [np.empty(p.buffers[name].numel, dtype=p.buffers[name].dtype.np) for name in p.outputs]
-        for name, a in zip(p.inputs, inputs):
-            self._slots[self._index[name]] = a.ctypes.data
-        for name, a in zip(p.outputs, outs):
-            self._slots[self._index[name]] = a.ctypes.data
-        import ctypes
-
-        self._fn(ctypes.addressof(self._slots))
-        return [o.reshape(s) for o, s in zip(outs, p.output_shapes)]
+    address = engine.get_function_address(entry)
+    if not address:
+        raise ArtifactError(f"the compiled code has no entry point {entry!r}")
+    native = NativeRun(program, plan, slot_names, address, owner=engine)
+    native.loaded_from = loaded_from
+    return native
 
 
 def _load_cpu(program: Program, plan: MemoryPlan, manifest: dict[str, Any], files: dict[str, bytes],
-              where: str) -> NativeProgram:
+              where: str) -> Any:
     import llvmlite.binding as llvm
 
     from ..backends.cpu.jit import target_machine
@@ -356,8 +327,8 @@ def _load_cpu(program: Program, plan: MemoryPlan, manifest: dict[str, Any], file
             raise ArtifactError(f"{where} was compiled for another CPU ({built.get('cpu')}, "
                                 f"{built.get('triple')}) and holds no kernel source to rebuild from")
         engine, loaded_from = _compile_source(files[SOURCE].decode(), where), "source"
-    return NativeProgram(program, plan, native["slot_names"], engine, native.get("entry", "eclat_run"),
-                         loaded_from)
+    return _native_program(program, plan, native["slot_names"], engine, native.get("entry", "eclat_run"),
+                           loaded_from)
 
 
 def _empty_module() -> Any:

@@ -22,33 +22,31 @@ def _data(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-class CpuExecutable:
-    """Program -> native code. `run(inputs)` takes contiguous arrays of the right
-    shapes and dtypes (the caller validates) and returns fresh output arrays."""
+class NativeRun:
+    """Calls a compiled `eclat_run(slots)`: slots ordered as slot_names, the arena last. Weights
+    are bound once; `run(inputs)` binds contiguous inputs of the right shapes and dtypes (the
+    caller validates) and fresh outputs, and returns the outputs."""
 
-    def __init__(self, program: Program, threads: int = 1):
-        self.program = program
-        self.plan: MemoryPlan = plan_memory(program)
-        start = time.perf_counter()
-        self.module = build_module(program, self.plan, threads)
-        self.jit = Jitted(self.module.ir)
-        self.compile_seconds = time.perf_counter() - start
-        self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.jit.address("eclat_run"))
-        self._arena = np.zeros(max(self.plan.arena_bytes, 1) + 64, dtype=np.uint8)
+    def __init__(self, program: Program, plan: MemoryPlan, slot_names: list[str], address: int,
+                 owner: object = None):
+        self.program, self.plan = program, plan
+        self._owner = owner  # what holds the machine code at address (an execution engine), kept alive
+        self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+        self._arena = np.zeros(max(plan.arena_bytes, 1) + 64, dtype=np.uint8)
         base = self._arena.ctypes.data
         arena_ptr = base + (-base % 64)
-        self._slots = (ctypes.c_void_p * len(self.module.slot_names))()
+        self._slots = (ctypes.c_void_p * len(slot_names))()
         self._keep: list[np.ndarray] = []
-        self._index = {name: j for j, name in enumerate(self.module.slot_names)}
+        self._index = {name: j for j, name in enumerate(slot_names)}
         for name, j in self._index.items():
-            if name == "<arena>":
-                self._slots[j] = arena_ptr
-                continue
-            buf = program.buffers[name]
-            if buf.role == "weight":
+            buf = program.buffers.get(name)
+            if name == "<arena>" or (buf is not None and buf.role == "weight" and
+                                     (buf.numel == 0 or buf.data is None)):
+                self._slots[j] = arena_ptr  # nothing to point at: a valid address nothing reads
+            elif buf is not None and buf.role == "weight":
                 data = np.ascontiguousarray(buf.data, dtype=buf.dtype.np)
                 self._keep.append(data)
-                self._slots[j] = data.ctypes.data if data.size else arena_ptr
+                self._slots[j] = data.ctypes.data
 
         # per call work precomputed: a model step is a few microseconds of Python, not tens
         self._address = ctypes.addressof(self._slots)
@@ -71,6 +69,18 @@ class CpuExecutable:
         outs = self._bind(inputs)
         self._fn(self._address)
         return outs
+
+
+class CpuExecutable(NativeRun):
+    """Program -> native code: the module built and JIT-compiled here, run by NativeRun."""
+
+    def __init__(self, program: Program, threads: int = 1):
+        plan = plan_memory(program)
+        start = time.perf_counter()
+        self.module = build_module(program, plan, threads)
+        self.jit = Jitted(self.module.ir)
+        self.compile_seconds = time.perf_counter() - start
+        super().__init__(program, plan, self.module.slot_names, self.jit.address("eclat_run"))
 
     def profile(self, inputs: list[np.ndarray], repeats: int = 5) -> list[float]:
         """Median microseconds of each kernel alone, in program order (inputs as for run)."""
