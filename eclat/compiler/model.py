@@ -65,10 +65,14 @@ class CompiledModel:
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
     def _plain(self, args: tuple) -> bool:
-        """Whether args are exactly the expected contiguous numpy arrays."""
-        return len(args) == len(self._expected) and all(
-            type(a) is np.ndarray and a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
-            for a, (shape, dtype) in zip(args, self._expected))
+        """Whether args are exactly the expected contiguous numpy arrays (a plain loop: a generator
+        under all() costs a microsecond more, a tenth of a small model's call)."""
+        if len(args) != len(self._expected):
+            return False
+        for a, (shape, dtype) in zip(args, self._expected):
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
+                return False
+        return True
 
     @staticmethod
     def _array(k: int, spec: InputSpec, x: Any) -> np.ndarray:
