@@ -135,3 +135,20 @@ def test_tuned_schedules_are_kept_only_when_the_whole_program_runs_faster(tmp_pa
         torch.testing.assert_close(again(*inputs), first(*inputs))
         for f in (tmp_path / "programs").glob("*.zip"):
             f.unlink()
+
+
+def test_the_program_cache_keeps_the_most_recently_used_within_its_size(tmp_path):
+    import os
+
+    folder = tmp_path / "programs"
+    folder.mkdir()
+    for i, size in enumerate([300, 300, 300, 300]):  # written in this order, one second apart
+        f = folder / f"p{i}.zip"
+        f.write_bytes(b"x" * size)
+        os.utime(f, (1000 + i, 1000 + i))
+    os.utime(folder / "p0.zip", (2000, 2000))  # read since: the most recent
+    pipeline._trim_program_cache(folder, limit=700)
+    assert sorted(f.name for f in folder.iterdir()) == ["p0.zip", "p3.zip"]
+    model, inputs = Affine(0), (torch.randn(4, 8),)
+    eclat.compile(model, inputs, autotune="fast", cache_dir=tmp_path, quiet=True)  # one more, under 2 GiB
+    assert len(list(folder.glob("*.zip"))) == 3

@@ -45,6 +45,7 @@ RTOL, ATOL = 1e-3, 1e-4
 AUTOTUNE_MODES = ("none", "fast", "full")
 FAST_CANDIDATES = 4  # programs timed at most in "fast" mode, best roofline estimates first
 REFERENCE_BUDGET = 20_000_000  # elements the reference interpreter may touch on the lowered graph
+PROGRAM_CACHE_BYTES = 2 << 30  # chosen programs kept on disk (with their weights), least recently used out
 
 
 def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threads: int | None = None,
@@ -312,8 +313,28 @@ def _write_program_cache(path: Path, program: Program, n: int, tuned: bool, grap
             z.writestr("program.json", json.dumps(meta))
             z.writestr("weights.safetensors", save(weights) if weights else b"")
         os.replace(tmp, path)
+        _trim_program_cache(path.parent)
     except (OSError, TypeError, ValueError):
         pass
+
+
+def _trim_program_cache(folder: Path, limit: int = PROGRAM_CACHE_BYTES) -> None:
+    """Delete the least recently used programs until the folder holds at most limit bytes (each
+    holds its model's weights, and every eclat version and model makes new ones). A program is
+    used when written or read (reading touches it)."""
+    files = []
+    for f in folder.glob("*.zip"):
+        try:
+            st = f.stat()
+        except OSError:  # another process trimmed it
+            continue
+        files.append((st.st_mtime, st.st_size, f))
+    total = sum(size for _, size, _ in files)
+    for _, size, f in sorted(files, key=lambda t: t[0]):
+        if total <= limit:
+            break
+        f.unlink(missing_ok=True)
+        total -= size
 
 
 def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: list[np.ndarray],
@@ -329,6 +350,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
         with zipfile.ZipFile(path) as z:
             meta = json.loads(z.read("program.json"))
             raw = z.read("weights.safetensors")
+        os.utime(path)  # used now: the last to be trimmed
         program = decode_program(meta["program"], load(raw) if raw else {})
         n, tuned, out_spec = meta["n"], meta.get("tuned", True), meta["out_spec"]
         specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]]) for s in meta["inputs"]]
