@@ -11,7 +11,7 @@ import pytest
 
 from eclat.backends.cpu import CpuBackend
 from eclat.compiler.group import group
-from eclat.compiler.kernel import as_contraction, default_schedule, flops, schedule_space
+from eclat.compiler.kernel import Reduce, as_contraction, default_schedule, flops, schedule_space, walk
 from eclat.compiler.memplan import plan_memory
 from eclat.ir import graph as G
 from eclat.ir.dtypes import DType
@@ -193,6 +193,33 @@ def test_exp_of_a_row_minus_its_max_skips_the_overflow_clamp_only_there():
         ir_text = str(CpuBackend().compile(group(graph), 1).module.ir)
         assert ("eclat_exp2_nonpositivef" in ir_text) is not clamped
     assert np.isinf(run(G.Graph([x, y], [other], {}), [xs, ys])[0][5]).all()
+
+
+def test_row_reductions_of_a_kernel_output_are_folded_into_its_writer():
+    """y = x * 2 + 1 is a kernel; max and sum over y's rows (and a sum of squares) are computed by
+    y's kernel as it writes them, the readers load one value per row; NaN, infinities of both
+    signs and -inf rows reduce as the interpreter does, on one thread and two."""
+    from eclat.backends.cpu.sides import fold_row_reductions
+
+    x = G.input_("x", (7, 40))
+    two, one = (G.expand_to(G.const(v), (7, 40)) for v in (2.0, 1.0))
+    y = G.contiguous(G.binary("add", G.binary("mul", x, two), one))
+    m = G.reduce("max_reduce", y, 1)
+    e = G.unary("exp2", G.binary("add", y, G.unary("neg", rows(m, 40))))
+    out = G.binary("mul", e, rows(G.unary("recip", G.reduce("sum", e, 1)), 40))
+    sq = G.reduce("sum", G.binary("mul", y, y), 1)
+    graph = G.Graph([x], [out, sq], {})
+    xs = rand(7, 40)
+    xs[1, 3], xs[2, 0], xs[2, 39], xs[4, :], xs[5, 7] = np.nan, np.inf, -np.inf, -np.inf, 3e38
+    program = check(graph, [xs])
+    folded = fold_row_reductions(program)
+    sides = [(k.name, sd.op) for k in folded.kernels for sd in k.sides]
+    assert sorted(op for _, op in sides) == ["max_reduce", "sum", "sum"], sides
+    assert all(not any(isinstance(r, Reduce) for r in walk(k.body)) for k in folded.kernels[1:])
+    assert [k.sides for k in program.kernels] == [()] * len(program.kernels)  # the original stays
+    got = on_two_threads(program).run([xs])
+    for g, w in zip(got, run(graph, [xs])):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 def test_views_with_masks_negative_strides_and_steps():

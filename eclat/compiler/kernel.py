@@ -219,6 +219,26 @@ def map_indices(e: KExpr, f: Callable[[Expr], Expr]) -> KExpr:
     return go(e)
 
 
+def replace_nodes(e: KExpr, mapping: dict[KExpr, KExpr]) -> KExpr:
+    """e with every subexpression found in mapping replaced by its value."""
+    memo: dict[KExpr, KExpr] = {}
+
+    def go(x: KExpr) -> KExpr:
+        if x in mapping:
+            return mapping[x]
+        if x not in memo:
+            if isinstance(x, Op):
+                memo[x] = Op(x.op, tuple(go(s) for s in x.srcs), x.dtype)
+            elif isinstance(x, Reduce):
+                memo[x] = Reduce(x.op, x.size, x.var, go(x.body), x.dtype)
+            elif isinstance(x, Gather):
+                memo[x] = Gather(x.buffer, go(x.idx), x.rows, x.row_size, x.inner, x.dtype)
+            else:
+                memo[x] = x
+        return memo[x]
+    return go(e)
+
+
 def assume_in(e: KExpr, cond: Expr) -> KExpr:
     """e with its index, validity and mask expressions simplified under cond (symbolic.assume):
     for code that runs only where cond holds, e.g. the interior of a padded output."""
@@ -246,6 +266,18 @@ class Schedule:
     threads: int = 1
 
 
+@dataclass(frozen=True)
+class Side:
+    """A row reduction a kernel computes beside its output: out[row] = op over the kernel's last
+    axis of body, where body reads the kernel's own output at the current element (the value just
+    computed). reduce is the Reduce it stands for in the kernel that reads out."""
+
+    out: str
+    op: str  # "sum" | "max_reduce"
+    body: KExpr
+    reduce: Reduce
+
+
 @dataclass
 class Kernel:
     name: str
@@ -254,6 +286,7 @@ class Kernel:
     body: KExpr
     schedule: Schedule = field(default_factory=Schedule)
     ops: list[str] = field(default_factory=list)  # the graph ops fused into it, for reports
+    sides: tuple[Side, ...] = ()  # row reductions of its output it also writes (CPU backend)
 
     @property
     def numel(self) -> int:

@@ -25,7 +25,7 @@ class MemoryPlan:
 def plan_memory(program: Program) -> MemoryPlan:
     live: dict[str, list[int]] = {}
     for t, k in enumerate(program.kernels):
-        for name in {x.buffer for x in loads(k.body)} | {k.out}:
+        for name in {x.buffer for x in loads(k.body)} | {k.out} | {s.out for s in k.sides}:
             if program.buffers[name].role == "temp":
                 span = live.setdefault(name, [t, t])
                 span[0], span[1] = min(span[0], t), max(span[1], t)

@@ -127,8 +127,9 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module
     used: set[str] = set()
     parallel: list[str] = []
     functions: dict[str, tuple[str, int]] = {}
+    side_reduces = {sd.out: sd.reduce for k in program.kernels for sd in k.sides}
     for k in program.kernels:
-        em = _KernelEmitter(mod, k, program.buffers, packed)
+        em = _KernelEmitter(mod, k, program.buffers, packed, side_reduces)
         key = em.key()
         if key not in functions:
             functions[key] = (k.name, em.function())
@@ -189,11 +190,13 @@ class _KernelEmitter:
     """Emits one kernel as `void name(ptr args, i64 lo, i64 hi)`."""
 
     def __init__(self, mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer],
-                 packed: dict[str, np.ndarray]):
+                 packed: dict[str, np.ndarray], side_reduces: dict[str, Reduce] | None = None):
         self.mod, self.k, self.buffers, self.packed = mod, kernel, buffers, packed
+        self.side_reduces = side_reduces or {}  # side buffer -> the reduction it holds (sides.py)
         self.contraction = as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
         # arguments in order of first use, so that kernels equal up to names look equal
-        names = list(dict.fromkeys([x.buffer for x in loads(kernel.body)] + [kernel.out]))
+        names = list(dict.fromkeys([x.buffer for x in loads(kernel.body)] + [kernel.out] +
+                                   [sd.out for sd in kernel.sides]))
         self.pack_name: str | None = None
         self.used = set(names)  # what the code dereferences: not a weight it reads packed
         if self.contraction is not None:
@@ -207,7 +210,8 @@ class _KernelEmitter:
     def key(self) -> str:
         """The kernel's code with its buffers named by argument position."""
         canon = {n: f"arg{j}:{self.buffers[n].numel}" for j, n in enumerate(self.arg_names)}
-        body = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={canon[m.group(1)]}", str(self.k.body))
+        text = str(self.k.body) + "".join(f"|{sd.op}:{sd.body}" for sd in self.k.sides)
+        body = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={canon[m.group(1)]}", text)
         rvars: dict[str, str] = {}  # reduce variables are named after graph positions
         body = re.sub(r"\br\d+\b", lambda m: rvars.setdefault(m.group(0), f"r#{len(rvars)}"), body)
         return f"{self.k.shape}|{self.k.schedule}|{canon[self.k.out]}|{self.pack_name is not None}|{body}"
@@ -330,6 +334,8 @@ class _KernelEmitter:
             self.hoist(cands)
             if d + 2 == len(shape) and pad is not None:
                 self._padded_row(vars_, *pad)
+            elif d + 2 == len(shape) and k.sides:
+                self._row_with_sides(vars_, cands)
             elif d + 1 < len(shape):
                 self.loop(_i64(0), _i64(shape[d + 1]), [], lambda i2, a: level(d + 1, i2, a))
             else:
@@ -338,6 +344,47 @@ class _KernelEmitter:
 
         self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(lead, i, a))
         return shape[lead]
+
+    def _row_with_sides(self, vars_: list[Var], cands: list[Reduce]) -> None:
+        """The last axis: each value stored, and each side reduction accumulated from it (a float
+        max as maxnum beside a running sum, checked for NaN at the row's end as _float_max does)."""
+        k, b = self.k, self.b
+        where = ravel(vars_, k.shape)
+        own = Load(k.out, where, Num(1), k.body.dtype)
+        inits = []
+        for sd in k.sides:  # a max carries a running sum beside it
+            inits += [identity(sd.op, DType.float32)] + [zero(DType.float32)] * (sd.op == "max_reduce")
+        maxnum = _intrinsic(self.mod, "llvm.maxnum", F32, 2)
+
+        def element(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            self.bind(vars_[-1].name, i)
+            self.hoist(cands)
+            v = self.emit(k.body)
+            self.store(k.out, where, v, k.body.dtype)
+            self.remember(own, v)
+            out, it = [], iter(accs)
+            for sd in k.sides:
+                x = self.emit(sd.body)
+                if sd.op == "sum":
+                    out.append(binary(b, "add", [next(it), x], DType.float32))
+                else:
+                    out += [b.call(maxnum, [next(it), x], fastmath=("nnan", "nsz")),
+                            binary(b, "add", [next(it), x], DType.float32)]
+            return out
+
+        accs = iter(self.loop(_i64(0), _i64(k.shape[-1]), inits, element))
+        row = ravel(vars_[:-1], k.shape[:-1])
+        for sd in k.sides:
+            if sd.op == "sum":
+                value = next(accs)
+            else:
+                best, total = next(accs), next(accs)
+
+                def term(i: ir.Value, sd=sd) -> ir.Value:  # the stored row read back
+                    self.bind(vars_[-1].name, i)
+                    return self.emit(sd.body)
+                value = self._nan_checked(best, total, k.shape[-1], term)
+            self.store(sd.out, row, value, DType.float32)
 
     def _pad_split(self) -> tuple[Expr, int, int, KExpr] | None:
         """For a padding kernel, where(mask, x, 0) at the top with the innermost axis bounded
@@ -484,7 +531,8 @@ class _KernelEmitter:
         if e.op in ("exp2", "log2", "sin"):
             x = args[0]
             fn = math_function(self.mod, "exp2_nonpositive" if e.op == "exp2" and
-                               _below_own_max(e.srcs[0], axis_vars(self.k.shape)) else e.op)
+                               _below_own_max(e.srcs[0], axis_vars(self.k.shape), self.side_reduces)
+                               else e.op)
             if x.type != F32:
                 return b.fptrunc(b.call(fn, [b.fpext(x, F32)]), x.type)
             return b.call(fn, [x])
@@ -536,10 +584,18 @@ class _KernelEmitter:
                     binary(b, "add", [accs[1], x], r.dtype)]
 
         best, total = self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype), zero(r.dtype)], body)
+        return self._nan_checked(best, total, r.size, lambda i: self._term(r, cands, i))
+
+    def _nan_checked(self, best: ir.Value, total: ir.Value, size: int,
+                     term: Callable[[ir.Value], ir.Value]) -> ir.Value:
+        """best, or NaN if one of the size terms is: looked for only when their sum is NaN."""
+        b = self.b
         pre = b.block
         with b.if_then(b.fcmp_unordered("uno", total, total), likely=False):
-            nan_seen = self.loop(_i64(0), _i64(r.size), [ir.Constant(I1, 0)], lambda i, accs: [
-                b.or_(accs[0], b.fcmp_unordered("uno", *[self._term(r, cands, i)] * 2))])[0]
+            self.push()
+            nan_seen = self.loop(_i64(0), _i64(size), [ir.Constant(I1, 0)], lambda i, accs: [
+                b.or_(accs[0], b.fcmp_unordered("uno", *[term(i)] * 2))])[0]
+            self.pop()
             checked = b.block
         nan = b.phi(I1)
         nan.add_incoming(ir.Constant(I1, 0), pre)
@@ -764,7 +820,7 @@ class _KernelEmitter:
 
 # --- value facts ------------------------------------------------------------------------------
 
-def _below_own_max(e: KExpr, axes: list[Var]) -> bool:
+def _below_own_max(e: KExpr, axes: list[Var], side_reduces: dict[str, Reduce]) -> bool:
     """Whether e is (x - max_r x) or (x - max_r x) * c with c >= 0, x taken at an axis the
     reduction spans: never above 0, or NaN. The reduction's terms are x itself, emitted by the
     same code, so they round the same way (softmax over scores * scale + mask included)."""
@@ -775,11 +831,13 @@ def _below_own_max(e: KExpr, axes: list[Var]) -> bool:
         e = next(s for s in e.srcs if s is not scale[0])
     if not (isinstance(e, Op) and e.op == "add"):
         return False
-    shift = [s for s in e.srcs if isinstance(s, Op) and s.op == "neg" and isinstance(s.srcs[0], Reduce)
-             and s.srcs[0].op == "max_reduce"]
+    def max_of(s: KExpr) -> Reduce | None:  # the max reduction s is, or holds as a side buffer
+        r = side_reduces.get(s.buffer) if isinstance(s, Load) else s
+        return r if isinstance(r, Reduce) and r.op == "max_reduce" else None
+    shift = [s for s in e.srcs if isinstance(s, Op) and s.op == "neg" and max_of(s.srcs[0]) is not None]
     if not shift:
         return False
-    r, x = shift[0].srcs[0], next(s for s in e.srcs if s is not shift[0])
+    r, x = max_of(shift[0].srcs[0]), next(s for s in e.srcs if s is not shift[0])
     return any(v.hi < r.size and map_indices(r.body, partial(rename, old=r.var.name, new=v)) == x
                for v in axes)
 

@@ -1,0 +1,100 @@
+"""Row reductions computed by the kernel that writes the rows.
+
+A kernel that reduces a row of another kernel's output (softmax's max over its input, its sum
+over the exponentials, a norm's sum of squares over a residual) reads that row once more. When
+the writer is a generic kernel over the same rows, it can accumulate the reduction while it
+stores each value and write one number per row to a small side buffer, which the reader loads
+instead: one pass over the rows less per reduction.
+
+The folded program shares its buffers with the original (the side buffers join them), and only
+the CPU code generator sees its kernels: tuning, reports and artifacts keep the original ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...compiler.group import ravel, terms
+from ...compiler.kernel import (
+    Buffer,
+    Index,
+    Kernel,
+    Load,
+    Op,
+    Program,
+    Reduce,
+    Side,
+    as_contraction,
+    axis_vars,
+    loads,
+    reduces,
+    replace_nodes,
+)
+from ...ir.dtypes import DType
+from ...ir.symbolic import Expr, Num, variables
+
+
+def fold_row_reductions(program: Program) -> Program:
+    """program with each foldable row reduction computed by the writer of the rows it reads."""
+    writers = {k.out: j for j, k in enumerate(program.kernels)}
+    kernels = list(program.kernels)
+    made: dict[tuple, str] = {}  # (writer, op, body) -> side buffer
+    for j, k in enumerate(program.kernels):
+        mapping = {}
+        for r in reduces(k.body):
+            found = _foldable(r, writers, kernels, j)
+            if found is None:
+                continue
+            w, row, body = found
+            key = (w, r.op, body)
+            if key not in made:
+                name = f"side{len(made)}_{kernels[w].out}"
+                rows = program.buffers[kernels[w].out].numel // kernels[w].shape[-1]
+                program.buffers[name] = Buffer(name, rows, DType.float32, "temp")
+                made[key] = name
+                kernels[w] = replace(kernels[w], sides=(*kernels[w].sides, Side(name, r.op, body, r)))
+            mapping[r] = Load(made[key], row, Num(1), DType.float32)
+        if mapping:
+            kernels[j] = replace(kernels[j], body=replace_nodes(kernels[j].body, mapping))
+    return replace(program, kernels=kernels) if made else program
+
+
+def _foldable(r: Reduce, writers: dict[str, int], kernels: list[Kernel],
+              reader: int) -> tuple[int, Expr, object] | None:
+    """(writer, row index in the reader, body in the writer's variables) when r reduces rows of
+    an earlier generic kernel's output elementwise, else None."""
+    if r.op not in ("sum", "max_reduce") or r.dtype is not DType.float32 or reduces(r.body):
+        return None
+    reads = loads(r.body)
+    if not reads or any(not isinstance(x, Load) or x != reads[0] for x in reads):
+        return None
+    x = reads[0]
+    w = writers.get(x.buffer)
+    if w is None or w >= reader or x.valid != Num(1):
+        return None
+    kw = kernels[w]
+    shape = kw.shape
+    lead = next((d for d, n in enumerate(shape) if n > 1), len(shape))
+    if len(shape) < 2 or lead >= len(shape) - 1 or shape[-1] != r.size or as_contraction(kw) is not None \
+            or kw.body.dtype is not DType.float32 or _padded(kw):
+        return None
+    row_terms, col = [], None
+    for c, a in terms(x.index):
+        if a == r.var:
+            col = c
+        elif (a is not None and r.var.name in variables(a)) or c % r.size:
+            return None
+        else:
+            row_terms.append((c // r.size, a))
+    if col != 1:
+        return None
+    row: Expr = Num(0)
+    for c, a in row_terms:
+        row = row + (Num(c) if a is None else a * c)
+    own = Load(x.buffer, ravel(axis_vars(shape), shape), Num(1), x.dtype)
+    return w, row, replace_nodes(r.body, {x: own})
+
+
+def _padded(k: Kernel) -> bool:
+    """A padding kernel (where(mask, x, 0) at the top) writes its rows in pieces: not folded."""
+    return isinstance(k.body, Op) and k.body.op == "where" and isinstance(k.body.srcs[0], Index)
