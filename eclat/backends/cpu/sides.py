@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...compiler.group import ravel, terms
+from ...compiler.group import ravel, unravel
 from ...compiler.kernel import (
     Buffer,
     Index,
@@ -78,19 +78,9 @@ def _foldable(r: Reduce, writers: dict[str, int], kernels: list[Kernel],
     if len(shape) < 2 or lead >= len(shape) - 1 or shape[-1] != r.size or as_contraction(kw) is not None \
             or kw.body.dtype is not DType.float32 or _padded(kw):
         return None
-    row_terms, col = [], None
-    for c, a in terms(x.index):
-        if a == r.var:
-            col = c
-        elif (a is not None and r.var.name in variables(a)) or c % r.size:
-            return None
-        else:
-            row_terms.append((c // r.size, a))
-    if col != 1:
+    row, col = unravel(x.index, [kernels[w].numel // r.size, r.size])
+    if col != r.var or r.var.name in variables(row):
         return None
-    row: Expr = Num(0)
-    for c, a in row_terms:
-        row = row + (Num(c) if a is None else a * c)
     own = Load(x.buffer, ravel(axis_vars(shape), shape), Num(1), x.dtype)
     return w, row, replace_nodes(r.body, {x: own})
 
