@@ -195,11 +195,17 @@ def loads(e: KExpr) -> list[Load | Gather]:
     return [x for x in walk(e) if isinstance(x, (Load, Gather))]
 
 
-def map_indices(e: KExpr, f: Callable[[Expr], Expr]) -> KExpr:
-    """e with f applied to every index, validity and mask expression in it."""
+def rewrite(e: KExpr, nodes: dict[KExpr, KExpr] | None = None,
+            index: Callable[[Expr], Expr] | None = None) -> KExpr:
+    """e rebuilt with each subexpression found in nodes replaced by its value, and index applied
+    to every index, validity and mask expression."""
+    nodes = nodes or {}
+    f = index or (lambda x: x)
     memo: dict[KExpr, KExpr] = {}
 
     def go(x: KExpr) -> KExpr:
+        if x in nodes:
+            return nodes[x]
         if x in memo:
             return memo[x]
         if isinstance(x, Load):
@@ -219,30 +225,10 @@ def map_indices(e: KExpr, f: Callable[[Expr], Expr]) -> KExpr:
     return go(e)
 
 
-def replace_nodes(e: KExpr, mapping: dict[KExpr, KExpr]) -> KExpr:
-    """e with every subexpression found in mapping replaced by its value."""
-    memo: dict[KExpr, KExpr] = {}
-
-    def go(x: KExpr) -> KExpr:
-        if x in mapping:
-            return mapping[x]
-        if x not in memo:
-            if isinstance(x, Op):
-                memo[x] = Op(x.op, tuple(go(s) for s in x.srcs), x.dtype)
-            elif isinstance(x, Reduce):
-                memo[x] = Reduce(x.op, x.size, x.var, go(x.body), x.dtype)
-            elif isinstance(x, Gather):
-                memo[x] = Gather(x.buffer, go(x.idx), x.rows, x.row_size, x.inner, x.dtype)
-            else:
-                memo[x] = x
-        return memo[x]
-    return go(e)
-
-
 def assume_in(e: KExpr, cond: Expr) -> KExpr:
     """e with its index, validity and mask expressions simplified under cond (symbolic.assume):
     for code that runs only where cond holds, e.g. the interior of a padded output."""
-    return map_indices(e, lambda x: assume(x, cond))
+    return rewrite(e, index=lambda x: assume(x, cond))
 
 
 # --- schedules ------------------------------------------------------------------------------

@@ -45,8 +45,8 @@ from ...compiler.kernel import (
     flops,
     free_vars,
     loads,
-    map_indices,
     reduces,
+    rewrite,
 )
 from ...compiler.memplan import MemoryPlan
 from ...ir.dtypes import DType
@@ -838,7 +838,7 @@ def _below_own_max(e: KExpr, axes: list[Var], side_reduces: dict[str, Reduce]) -
     if not shift:
         return False
     r, x = max_of(shift[0].srcs[0]), next(s for s in e.srcs if s is not shift[0])
-    return any(v.hi < r.size and map_indices(r.body, partial(rename, old=r.var.name, new=v)) == x
+    return any(v.hi < r.size and rewrite(r.body, index=partial(rename, old=r.var.name, new=v)) == x
                for v in axes)
 
 

@@ -28,7 +28,7 @@ from ...compiler.kernel import (
     axis_vars,
     loads,
     reduces,
-    replace_nodes,
+    rewrite,
 )
 from ...ir.dtypes import DType
 from ...ir.symbolic import Expr, Num, variables
@@ -55,7 +55,7 @@ def fold_row_reductions(program: Program) -> Program:
                 kernels[w] = replace(kernels[w], sides=(*kernels[w].sides, Side(name, r.op, body, r)))
             mapping[r] = Load(made[key], row, Num(1), DType.float32)
         if mapping:
-            kernels[j] = replace(kernels[j], body=replace_nodes(kernels[j].body, mapping))
+            kernels[j] = replace(kernels[j], body=rewrite(kernels[j].body, mapping))
     return replace(program, kernels=kernels) if made else program
 
 
@@ -82,7 +82,7 @@ def _foldable(r: Reduce, writers: dict[str, int], kernels: list[Kernel],
     if col != r.var or r.var.name in variables(row):
         return None
     own = Load(x.buffer, ravel(axis_vars(shape), shape), Num(1), x.dtype)
-    return w, row, replace_nodes(r.body, {x: own})
+    return w, row, rewrite(r.body, {x: own})
 
 
 def _padded(k: Kernel) -> bool:
