@@ -180,10 +180,7 @@ def _pick(candidates: list[Graph], backend: Any, device: Any, mode: str, threads
             pruned += 1
             continue
         try:
-            exe = backend.compile(program, threads)
-            outs = exe.run([np.ascontiguousarray(a) for a in arrays])
-            if reference is not None:
-                _verify(outs, reference)
+            exe = _verified_build(program, backend, threads, arrays, reference)
             seconds = _time(exe, arrays) if len(programs) > 1 else 0.0
             timed += len(programs) > 1
         except Exception as e:  # a crash of the JIT or a wrong answer: skip the candidate
@@ -206,13 +203,9 @@ def _build_remembered(program: Program, backend: Any, device: Any, mode: str, th
         exe, _ = _tuned(program, backend, device, mode, threads, db, arrays, reference, None, bars)
         return None if exe is None else (exe, program)
     try:
-        exe = backend.compile(program, threads)
-        outs = exe.run([np.ascontiguousarray(a) for a in arrays])
-        if reference is not None:
-            _verify(outs, reference)
+        return _verified_build(program, backend, threads, arrays, reference), program
     except Exception:
         return None
-    return exe, program
 
 
 def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int, db: Any,
@@ -226,15 +219,12 @@ def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int,
         if hasattr(backend, "tune"):  # GPU backends search their own schedule space
             schedules = backend.tune(program, [np.ascontiguousarray(a) for a in arrays], mode, db,
                                      device.fingerprint)
-            tuned = backend.compile(program, threads, schedules=schedules)
+            tuned = _verified_build(program, backend, threads, arrays, reference, schedules=schedules)
         else:
             from .tune import tune
 
             tune(program, backend, device, db, mode, threads, quiet=bars)
-            tuned = backend.compile(program, threads)
-        outs = tuned.run([np.ascontiguousarray(a) for a in arrays])
-        if reference is not None:
-            _verify(outs, reference)
+            tuned = _verified_build(program, backend, threads, arrays, reference)
         keep_tuned = untuned is None or _faster_first(tuned, untuned, arrays)
     except Exception:  # never a fast wrong answer: fall back to the verified default schedules
         keep_tuned = False
@@ -509,6 +499,17 @@ def _numpy(x: Any) -> np.ndarray:
         x = x.detach().cpu()
         return x.float().numpy() if str(x.dtype) == "torch.bfloat16" else x.numpy()
     return np.asarray(x)
+
+
+def _verified_build(program: Program, backend: Any, threads: int, arrays: list[np.ndarray],
+                    reference: list[np.ndarray] | None, **options: Any) -> Any:
+    """program compiled, run once on arrays and its outputs checked against reference (raises
+    when wrong): no executable leaves the pipeline unchecked."""
+    exe = backend.compile(program, threads, **options)
+    outs = exe.run([np.ascontiguousarray(a) for a in arrays])
+    if reference is not None:
+        _verify(outs, reference)
+    return exe
 
 
 def _verify(outs: list[np.ndarray], reference: list[np.ndarray]) -> None:
