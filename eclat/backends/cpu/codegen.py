@@ -354,7 +354,6 @@ class _KernelEmitter:
         inits = []
         for sd in k.sides:  # a max carries a running sum beside it
             inits += [identity(sd.op, DType.float32)] + [zero(DType.float32)] * (sd.op == "max_reduce")
-        maxnum = _intrinsic(self.mod, "llvm.maxnum", F32, 2)
 
         def element(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
             self.bind(vars_[-1].name, i)
@@ -368,8 +367,7 @@ class _KernelEmitter:
                 if sd.op == "sum":
                     out.append(binary(b, "add", [next(it), x], DType.float32))
                 else:
-                    out += [b.call(maxnum, [next(it), x], fastmath=("nnan", "nsz")),
-                            binary(b, "add", [next(it), x], DType.float32)]
+                    out += self._max_step(next(it), next(it), x)
             return out
 
         accs = iter(self.loop(_i64(0), _i64(k.shape[-1]), inits, element))
@@ -575,16 +573,15 @@ class _KernelEmitter:
         vmaxps; max(-0, +0) may give either) beside a running sum, which is NaN if a term is
         NaN (or infinities of both signs meet). Only then does a second pass look for a NaN: one
         vaddps per vector instead of the four that an `or` of NaN tests legalises to."""
-        b = self.b
-        maxnum = _intrinsic(self.mod, "llvm.maxnum", reg_type(r.dtype), 2)
-
-        def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-            x = self._term(r, cands, i)
-            return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz")),
-                    binary(b, "add", [accs[1], x], r.dtype)]
-
-        best, total = self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype), zero(r.dtype)], body)
+        best, total = self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype), zero(r.dtype)],
+                                lambda i, accs: self._max_step(*accs, self._term(r, cands, i)))
         return self._nan_checked(best, total, r.size, lambda i: self._term(r, cands, i))
+
+    def _max_step(self, best: ir.Value, total: ir.Value, x: ir.Value) -> list[ir.Value]:
+        """One term of a float max: the NaN-free maxnum, and the running sum that betrays a NaN."""
+        maxnum = _intrinsic(self.mod, "llvm.maxnum", x.type, 2)
+        return [self.b.call(maxnum, [best, x], fastmath=("nnan", "nsz")),
+                binary(self.b, "add", [total, x], DType.float32)]
 
     def _nan_checked(self, best: ir.Value, total: ir.Value, size: int,
                      term: Callable[[ir.Value], ir.Value]) -> ir.Value:
