@@ -256,8 +256,8 @@ def assume(x: sint, cond: sint) -> Expr:
         return to_expr(x)
 
     def narrow(v: Var) -> Expr:
-        lo, hi = narrowed.get(v.name, (v.lo, v.hi))
-        return Var(v.name, lo, hi) if v.name in narrowed and lo <= hi else v
+        lo, hi = narrowed.get(v.name, (1, 0))
+        return Var(v.name, lo, hi) if lo <= hi else v  # an empty range (or none) leaves v as it is
     return _map_vars(x, narrow)
 
 

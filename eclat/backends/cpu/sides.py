@@ -19,6 +19,7 @@ from ...compiler.kernel import (
     Buffer,
     Index,
     Kernel,
+    KExpr,
     Load,
     Op,
     Program,
@@ -60,7 +61,7 @@ def fold_row_reductions(program: Program) -> Program:
 
 
 def _foldable(r: Reduce, writers: dict[str, int], kernels: list[Kernel],
-              reader: int) -> tuple[int, Expr, object] | None:
+              reader: int) -> tuple[int, Expr, KExpr] | None:
     """(writer, row index in the reader, body in the writer's variables) when r reduces rows of
     an earlier generic kernel's output elementwise, else None."""
     if r.op not in ("sum", "max_reduce") or r.dtype is not DType.float32 or reduces(r.body):
