@@ -51,6 +51,23 @@ def test_repeated_calls_are_independent(mlp):
         torch.testing.assert_close(b, model(x * 2), rtol=1e-3, atol=1e-4)
 
 
+def test_torch_inputs_of_every_kind_match(mlp):
+    """The plain torch call (contiguous CPU float32, no grad) and the ones that need the general
+    path (grad, a transposed view, a subclass) give the same tensors."""
+    model, (x,), fast = mlp
+    with torch.no_grad():
+        want = model(x)
+    plain = fast(x)
+    assert type(plain) is torch.Tensor and not plain.requires_grad
+    torch.testing.assert_close(plain, want, rtol=1e-3, atol=1e-4)
+    grad = x.clone().requires_grad_(True)
+    strided = x.t().contiguous().t()  # same values, column-major
+    assert not strided.is_contiguous()
+    param = torch.nn.Parameter(x.clone())
+    for other in (grad, strided, param):
+        torch.testing.assert_close(fast(other), plain, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("args,message", [
     ((), "expected 1 inputs"),
     ((torch.zeros(4, 16), torch.zeros(4, 16)), "given 2"),

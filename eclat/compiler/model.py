@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,11 +42,15 @@ class CompiledModel:
         self.out_spec = out_spec
         self._report = report
         self._expected = [(s.shape, np.dtype(s.dtype.np)) for s in inputs]
+        self._torch_dtypes: list[Any] | None = None  # each input's torch dtype, once torch is seen
 
     def __call__(self, *args: Any) -> Any:
         if self._plain(args):  # the common call, checked in one pass: a tenth of a small model's time
             outs = self.executable.run(list(args))
             return outs[0] if len(outs) == 1 else outs
+        arrays = self._plain_torch(args)
+        if arrays is not None:  # the common torch call: 8 us where the general path below takes 25
+            return self._as_torch(self.executable.run(arrays))
         flat = _flatten(args)
         if len(flat) != len(self.inputs):
             raise ValueError(f"expected {len(self.inputs)} inputs "
@@ -55,12 +60,16 @@ class CompiledModel:
         outs = self.executable.run(arrays)
         if not use_torch:
             return outs[0] if len(outs) == 1 else outs
+        return self._as_torch(outs)
+
+    def _as_torch(self, outs: list[np.ndarray]) -> Any:
+        """outs as tensors, in the model's own output structure."""
         import torch
 
         tensors = [torch.from_numpy(o) for o in outs]
         if isinstance(self.out_spec, str):  # as an artifact stores it: torch's pytree JSON
             self.out_spec = torch.utils._pytree.treespec_loads(self.out_spec)
-        if self.out_spec is not None and hasattr(self.out_spec, "num_leaves"):
+        if hasattr(self.out_spec, "num_leaves") and not self.out_spec.is_leaf():
             return torch.utils._pytree.tree_unflatten(tensors, self.out_spec)
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
@@ -73,6 +82,23 @@ class CompiledModel:
             if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
                 return False
         return True
+
+    def _plain_torch(self, args: tuple) -> list[np.ndarray] | None:
+        """args as arrays when they are exactly the expected contiguous CPU tensors, needing no
+        grad, conversion or copy; else None."""
+        torch = sys.modules.get("torch")
+        if torch is None or len(args) != len(self._expected):
+            return None
+        if self._torch_dtypes is None:  # bfloat16 is converted, so never plain
+            self._torch_dtypes = [None if s.dtype is DType.bfloat16 else getattr(torch, s.dtype.name, None)
+                                  for s in self.inputs]
+        arrays = []
+        for a, (shape, _), dtype in zip(args, self._expected, self._torch_dtypes):
+            if type(a) is not torch.Tensor or a.dtype is not dtype or a.shape != shape or \
+                    a.requires_grad or not a.is_cpu or not a.is_contiguous():
+                return None
+            arrays.append(a.numpy())
+        return arrays
 
     @staticmethod
     def _array(k: int, spec: InputSpec, x: Any) -> np.ndarray:
