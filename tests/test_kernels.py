@@ -195,6 +195,25 @@ def test_exp_of_a_row_minus_its_max_skips_the_overflow_clamp_only_there():
     assert np.isinf(run(G.Graph([x, y], [other], {}), [xs, ys])[0][5]).all()
 
 
+def test_max_of_a_negation_and_a_constant_is_an_exact_min():
+    """max(-x, c), as a clamp's upper bound is written, is emitted as -minimum(x, -c): the same
+    bits as the interpreter for NaN, infinities and zeros of both signs. (For c = 0, max(+0, -0)
+    is compared by value: numpy picks either zero, IEEE maximum +0.)"""
+    x = G.input_("x", (64,))
+    xs = rand(64)
+    xs[:8] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0, -2.0, 1e-40]
+    for c in (2.0, -1.5, 0.0):
+        cst = G.expand_to(G.const(c), (64,))
+        neg = G.unary("neg", x)
+        graph = G.Graph([x], [G.binary("max", neg, cst), G.binary("max", cst, neg)], {})
+        assert "llvm.minimum" in str(CpuBackend().compile(group(graph), 1).module.ir)
+        _, got = compiled(graph, [xs])
+        for g, w in zip(got, run(graph, [xs])):
+            np.testing.assert_array_equal(g, w)
+            if c != 0:
+                np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+
+
 def test_row_reductions_of_a_kernel_output_are_folded_into_its_writer():
     """y = x * 2 + 1 is a kernel; max and sum over y's rows (and a sum of squares) are computed by
     y's kernel as it writes them, the readers load one value per row; NaN, infinities of both

@@ -517,6 +517,12 @@ class _KernelEmitter:
         b = self.b
         if e.op == "cast":
             return cast(b, self.emit(e.srcs[0]), e.srcs[0].dtype, e.dtype)
+        if e.op == "max" and e.dtype.is_float:
+            clamp = _negated_max(e)
+            if clamp is not None:  # max(-a, c) = -minimum(a, -c), exactly: one vminps, no sign flips
+                a, c = clamp
+                return b.fneg(b.call(_intrinsic(self.mod, "llvm.minimum", reg_type(e.dtype), 2),
+                                     [self.emit(a), ir.Constant(reg_type(e.dtype), -c)]))
         args = [self.emit(s) for s in e.srcs]
         dt = e.srcs[0].dtype if e.op == "where" else e.dtype
         if e.op == "where":
@@ -817,6 +823,15 @@ class _KernelEmitter:
 
 # --- value facts ------------------------------------------------------------------------------
 
+def _negated_max(e: Op) -> tuple[KExpr, float] | None:
+    """(a, c) when e is max(-a, c) or max(c, -a) for a constant c: a min in disguise, as the IR
+    writes minimum(x, c) (a clamp's upper bound) without a min op."""
+    for neg, c in (e.srcs, e.srcs[::-1]):
+        if isinstance(neg, Op) and neg.op == "neg" and isinstance(c, Const):
+            return neg.srcs[0], float(c.value)
+    return None
+
+
 def _below_own_max(e: KExpr, axes: list[Var], side_reduces: dict[str, Reduce]) -> bool:
     """Whether e is (x - max_r x) or (x - max_r x) * c with c >= 0, x taken at an axis the
     reduction spans: never above 0, or NaN. The reduction's terms are x itself, emitted by the
@@ -922,11 +937,7 @@ def binary(b: ir.IRBuilder, op: str, args: list[ir.Value], dt: DType) -> ir.Valu
         if op == "mod":
             return b.frem(x, y)
         if op == "max":  # NaN-propagating, like numpy; the intrinsic keeps reductions vectorisable
-            fn = b.module.globals.get(f"llvm.maximum.{_suffix(x.type)}")
-            if fn is None:
-                fn = ir.Function(b.module, ir.FunctionType(x.type, [x.type, x.type]),
-                                 f"llvm.maximum.{_suffix(x.type)}")
-            return b.call(fn, [x, y])
+            return b.call(_intrinsic(b.module, "llvm.maximum", x.type, 2), [x, y])
     else:
         if op == "add":
             return b.add(x, y)
