@@ -1,11 +1,12 @@
 """Schedule tuning: time a kernel's schedule space on the device, keep the fastest in the
 tuning database (keyed by kernel structure, shape, dtype, backend with eclat's source version,
-and device fingerprint),
-so that a second compile of the same model reads its schedules instead of searching.
+and device fingerprint), so that a second compile of the same model reads its schedules
+instead of searching.
 
 "fast" tunes contraction kernels over the first FAST_SCHEDULES of their space; "full"
 tunes every kernel over its whole space. Each kernel is timed alone, in a program of
-its own whose inputs are random, so a schedule is judged on the kernel and nothing else.
+its own whose inputs are random, so a schedule is judged on the kernel and nothing else;
+its schedules are timed in turns, so that drift in a shared machine's speed does not pick one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from .kernel import Buffer, Kernel, Program, Schedule, as_contraction, loads, schedule_space
 
 FAST_SCHEDULES = 6
+TUNE_ROUNDS = 3  # turns at timing each schedule of a kernel
 
 
 def kernel_key(kernel: Kernel, program: Program) -> str:
@@ -88,16 +90,7 @@ def tune(program: Program, backend: Any, device: Any, db: Any, mode: str, thread
                 continue
         sub = isolate(program, kernel)
         inputs = [_random(sub.buffers[n], rng) for n in sub.inputs]
-        best: tuple[float, Schedule] | None = None
-        for s in space:
-            kernel.schedule = s
-            try:
-                exe = backend.compile(sub, threads)
-                us = min(exe.profile(inputs, 3))
-            except Exception:  # a schedule that fails to build is simply not a candidate
-                continue
-            if best is None or us < best[0]:
-                best = (us, s)
+        best = _fastest(sub, kernel, space, backend, threads, inputs)
         if best is None:
             kernel.schedule = space[0]
             continue
@@ -106,3 +99,29 @@ def tune(program: Program, backend: Any, device: Any, db: Any, mode: str, thread
         if key is not None:
             db.put(key, best[1], best[0], {"mode": mode}, keep_faster=True)
     return {"tuned": tuned}
+
+
+def _fastest(sub: Program, kernel: Kernel, space: list[Schedule], backend: Any, threads: int,
+             inputs: list[np.ndarray]) -> tuple[float, Schedule] | None:
+    """(us, schedule) of the fastest schedule in space for kernel, alone in sub. The builds are
+    timed in turns, TUNE_ROUNDS times, each keeping its best: a shared machine's slow spell
+    then falls on every schedule alike instead of on whichever was timed during it."""
+    built = []
+    for s in space:
+        kernel.schedule = s
+        try:
+            built.append((s, backend.compile(sub, threads)))
+        except Exception:  # a schedule that fails to build is simply not a candidate
+            continue
+    best: dict[int, float] = {}
+    for _ in range(TUNE_ROUNDS):
+        for j, (_, exe) in enumerate(built):
+            try:
+                us = min(exe.profile(inputs, 1))
+            except Exception:  # nor is one that fails to run
+                continue
+            best[j] = min(us, best.get(j, us))
+    if not best:
+        return None
+    j = min(best, key=best.__getitem__)
+    return best[j], built[j][0]
