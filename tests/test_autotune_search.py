@@ -192,3 +192,34 @@ def test_dataclass_schedules_round_trip_through_the_database(tmp_path):
         assert db.get(KEY).schedule == {"tile": [8, 8], "threads": 1}  # JSON: lists
         again = search(cs, time_fn=Bench().time, mode="fast", db=db, key=KEY)
         assert again.source == "db" and again.winner.schedule == Sched((8, 8))  # the candidate's own object
+
+
+def test_schedules_are_timed_in_turns_so_a_fast_spell_favours_none():
+    """The machine runs fast (x0.7) for its first three timings. Timed back to back, the first
+    schedule would get all three and win at 7 against 8; timed in turns, each gets one and the
+    truly fastest (s1) wins. A schedule that fails to build or to run is left out."""
+    from types import SimpleNamespace
+
+    from eclat.compiler.tune import _fastest
+
+    cost = {"s0": 10.0, "s1": 8.0, "s2": 9.0, "broken": 1.0, "crashes": 1.0}
+    calls = []
+
+    class Backend:
+        def compile(self, sub, threads):
+            name = kernel.schedule
+            if name == "broken":
+                raise RuntimeError("no code for this schedule")
+
+            def profile(inputs, repeats):
+                if name == "crashes":
+                    raise RuntimeError("it ran off the end of a buffer")
+                calls.append(name)
+                return [cost[name] * (0.7 if len(calls) <= 3 else 1.0)]
+            return SimpleNamespace(profile=profile)
+
+    kernel = SimpleNamespace(schedule=None)
+    us, best = _fastest(None, kernel, ["s0", "broken", "s1", "crashes", "s2"], Backend(), 1, [])
+    assert (best, us) == ("s1", 8.0 * 0.7)
+    assert calls[:3] == ["s0", "s1", "s2"]
+    assert _fastest(None, kernel, ["broken", "crashes"], Backend(), 1, []) is None
