@@ -152,3 +152,26 @@ def test_the_program_cache_keeps_the_most_recently_used_within_its_size(tmp_path
     model, inputs = Affine(0), (torch.randn(4, 8),)
     eclat.compile(model, inputs, autotune="fast", cache_dir=tmp_path, quiet=True)  # one more, under 2 GiB
     assert len(list(folder.glob("*.zip"))) == 3
+
+
+def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
+    """The machine runs fast (x0.7) for the first timing only. The first timings alone would pick
+    candidate 0 (7 against 8 and 9); the survivors timed again in turns pick the truly fastest,
+    candidate 1. A candidate that fails to run in the race is left out of it."""
+    cost = {"p0": 10.0, "p1": 8.0, "p2": 9.0, "p3": 1.0}
+    calls = []
+
+    def fake_time(exe, arrays, budget=0.2, most=25):
+        if exe == "p3" and calls.count("p3"):
+            raise RuntimeError("it ran off the end of a buffer")
+        calls.append(exe)
+        return cost[exe] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe == "p3")
+
+    monkeypatch.setattr(pipeline, "_programs",
+                        lambda candidates, device, threads, errors: [(0.0, n, f"p{n}") for n in range(4)])
+    monkeypatch.setattr(pipeline, "_verified_build", lambda program, *args: program)
+    monkeypatch.setattr(pipeline, "_time", fake_time)
+    picked = pipeline._pick([None] * 4, None, None, "full", 1, [], None, True)
+    seconds, exe, program, n = picked["best"]
+    assert (n, seconds, picked["timed"]) == (1, 8.0, 4)
+    assert calls[:4] == ["p0", "p1", "p2", "p3"] and calls[4:7] == ["p0", "p1", "p2"]

@@ -53,7 +53,8 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
                   db: Any = None, k: int = 8, verify: bool = True, quiet: bool = False) -> CompiledModel:
     """Compile model for target. threads: CPU threads per kernel (default 1: predictable, and
     no oversubscription when the caller runs several models); autotune: "none" keeps the
-    default schedules and skips device measurement; db: the tuning database (a path or a
+    default schedules and skips device measurement (candidates are still timed: the e-graph's
+    first can be several times slower than another); db: the tuning database (a path or a
     TuningDB; default <cache_dir>/tuning.db) to read and record choices in."""
     start = time.perf_counter()
     if autotune not in AUTOTUNE_MODES:
@@ -172,25 +173,33 @@ def _pick(candidates: list[Graph], backend: Any, device: Any, mode: str, threads
     errors: list[str] = []
     programs = _programs(candidates, device, threads, errors)
     limit = FAST_CANDIDATES if mode == "fast" else len(programs)
-    best: tuple[float, Any, Program, int] | None = None
+    race = len(programs) > 1
+    built: list[tuple[float, Any, Program, int]] = []
     timed = pruned = 0
     for estimate, n, program in progress(programs, desc="candidates", quiet=bars, unit="program"):
-        if best is not None and (timed >= limit or (mode != "full" and device is not None
-                                                    and _prune(estimate, best[0] * 1e6))):
+        if len(built) >= limit or (built and mode != "full" and device is not None
+                                   and _prune(estimate, min(built, key=_seconds)[0] * 1e6)):
             pruned += 1
             continue
         try:
             exe = _verified_build(program, backend, threads, arrays, reference)
-            seconds = _time(exe, arrays) if len(programs) > 1 else 0.0
-            timed += len(programs) > 1
+            seconds = _time(exe, arrays) if race else 0.0
+            timed += race
         except Exception as e:  # a crash of the JIT or a wrong answer: skip the candidate
             errors.append(f"candidate {n}: {type(e).__name__}: {e}")
             continue
-        if best is None or seconds < best[0]:
-            best = (seconds, exe, program, n)
-    if best is None:
+        built.append((seconds, exe, program, n))
+    if not built:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors))
-    return {"best": best, "errors": errors, "timed": timed, "pruned": pruned}
+    if len(built) > 1:  # the first timings decided what to prune; the survivors race in turns
+        again = _timed_in_turns([b[1] for b in built], arrays)
+        if any(t is not None for t in again):
+            built = [(t, *b[1:]) for t, b in zip(again, built) if t is not None]
+    return {"best": min(built, key=_seconds), "errors": errors, "timed": timed, "pruned": pruned}
+
+
+def _seconds(built: tuple) -> float:
+    return built[0]
 
 
 def _build_remembered(program: Program, backend: Any, device: Any, mode: str, threads: int, db: Any,
@@ -235,13 +244,25 @@ def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int,
     return untuned, False
 
 
-def _faster_first(a: Any, b: Any, arrays: list[np.ndarray], rounds: int = 3) -> bool:
+def _faster_first(a: Any, b: Any, arrays: list[np.ndarray]) -> bool:
     """Whether a runs arrays faster than b, timed in turns so that drift falls on both."""
-    ta, tb = [], []
+    ta, tb = _timed_in_turns([a, b], arrays)
+    return tb is None or (ta is not None and ta <= tb)
+
+
+def _timed_in_turns(exes: list[Any], arrays: list[np.ndarray], rounds: int = 3) -> list[float | None]:
+    """Each executable's median seconds over rounds of short timings taken in turns, so that a
+    shared machine's slow spell falls on all of them alike (None for one that fails to run)."""
+    samples: list[list[float] | None] = [[] for _ in exes]
     for _ in range(rounds):
-        ta.append(_time(a, arrays, budget=0.05))
-        tb.append(_time(b, arrays, budget=0.05))
-    return statistics.median(ta) <= statistics.median(tb)
+        for j, exe in enumerate(exes):
+            if samples[j] is None:
+                continue
+            try:
+                samples[j].append(_time(exe, arrays, budget=0.05, most=10))
+            except Exception:
+                samples[j] = None
+    return [statistics.median(s) if s else None for s in samples]
 
 
 def _open_db(db: Any, cache_dir: str | os.PathLike | None) -> tuple[Any, bool]:
