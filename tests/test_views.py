@@ -220,3 +220,25 @@ def test_assume_narrows_to_a_padding_mask_and_unravel_divides_exactly() -> None:
     for env in (dict(zip("nchw", p)) for p in inside):
         assert [evaluate(e, env) for e in narrowed] == [evaluate(e, env) for e in plain]
     assert S.assume(flat, S.lt(h, 99)) == flat  # a condition that narrows nothing changes nothing
+
+
+def test_flat_index_divided_by_a_multiple_of_a_coefficient_keeps_only_its_axis() -> None:
+    """A grouped layer's group from a flat index: (64*i0 + 512*i1 + 8*r + q) // 8192 is i1 // 16
+    when the rest stays below 512, so the weight's factor reads i1 alone (the grouping then sees
+    a contraction). Checked against Python's // and % over every value of the variables."""
+    from eclat.compiler.group import _div, _mod
+
+    i0, i1, r, q = Var("i0", 0, 7), Var("i1", 0, 63), Var("r", 0, 7), Var("q", 0, 7)
+    flat = i0 * 64 + i1 * 512 + r * 8 + q
+    assert _div(flat, 8192) == i1 // 16
+    assert S.variables(_mod(flat, 8192)) == {"i0", "i1", "r", "q"}
+    cases = [(flat, 8192), (flat, 1024), (flat, 16), (i0 * 6 + q, 12), (i1 * 4 + q, 8),
+             (i1 * 512 + q * 3, 1024)]
+    for e, s in cases:
+        names = sorted(S.variables(e))
+        ranges = {v.name: range(v.lo, v.hi + 1) for v in (i0, i1, r, q) if v.name in names}
+        for values in itertools.product(*ranges.values()):
+            env = dict(zip(ranges, values))
+            value = evaluate(e, env)
+            assert evaluate(_div(e, s), env) == value // s, (e, s, env)
+            assert evaluate(_mod(e, s), env) == value % s, (e, s, env)

@@ -113,13 +113,32 @@ def _div(e: Expr, s: int) -> Expr:
     if s == 1:
         return e
     whole, _, q = _split(e, s)
-    return floordiv(e, s) if q is None else _sum(whole + [(q, None)])
+    if q is not None:
+        return _sum(whole + [(q, None)])
+    step = _step(e, s)
+    return floordiv(e, s) if step is None else _div(step[1], s // step[0])
 
 
 def _mod(e: Expr, n: int) -> Expr:
     """e % n for e >= 0 (falls back to the whole e, never a possibly negative part)."""
     _, rest, q = _split(e, n)
-    return mod(e, n) if q is None else rest + (-q * n)
+    if q is not None:
+        return rest + (-q * n)
+    step = _step(e, n)
+    return mod(e, n) if step is None else _mod(step[1], n // step[0]) * step[0] + step[2]
+
+
+def _step(e: Expr, s: int) -> tuple[int, Expr, Expr] | None:
+    """(g, a, r) with e = g * a + r, g a divisor of s and 0 <= r < g: then e // s = a // (s / g)
+    and e % s = g * (a % (s / g)) + r. A flat index of a grouped layer, (512*i1 + rest) // 8192
+    with rest < 512, is then i1 // 16: a factor that reads only i1, as a contraction's does."""
+    parts = terms(e)
+    for g in sorted({c for c, a in parts if a is not None and 1 < c < s and s % c == 0}, reverse=True):
+        r = _sum([(c, a) for c, a in parts if a is None or c % g])
+        lo, hi = bounds(r)
+        if 0 <= lo and hi < g:
+            return g, _sum([(c // g, a) for c, a in parts if a is not None and c % g == 0]), r
+    return None
 
 
 def unravel(flat: Expr, shape: Sequence[int]) -> tuple[Expr, ...]:
