@@ -281,6 +281,19 @@ def test_gather_clamps_indices():
     check(graph, [np.array([[0, 9, 3], [-4, 12, 5]], dtype=np.int64)])
 
 
+def test_a_gathered_table_counts_the_rows_read_not_the_table():
+    """An embedding lookup of 3 tokens reads 3 rows of 64 floats (and 3 indices), not the
+    1000-row table: the roofline estimate, and so pruning, sees the kernel as it runs."""
+    from eclat.compiler.kernel import bytes_moved
+
+    emb = rand(1000, 64)
+    idx = G.input_("idx", (3,), DType.int64)
+    program = check(G.Graph([idx], [G.unary("exp2", G.gather(G.weight("emb", emb, DType.float32), idx))],
+                            {"emb": emb}), [np.array([5, 999, 5], dtype=np.int64)])
+    (kern,) = program.kernels
+    assert bytes_moved(kern, program.buffers) == 3 * 64 * 4 + 3 * 8 + 3 * 64 * 4
+
+
 def test_iota_const_and_scalar_outputs():
     x = G.input_("x", (5,))
     ramp = G.cast(G.iota(5), DType.float32)

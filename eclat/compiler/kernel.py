@@ -377,23 +377,37 @@ def schedule_space(kernel: Kernel, threads: int = 1) -> list[Schedule]:
 
 # --- estimates --------------------------------------------------------------------------------
 
-def flops(kernel: Kernel) -> int:
-    """Scalar operations per run. A node runs once per value of its free variables,
-    which is exactly what hoisting achieves."""
+def _runs(kernel: Kernel) -> Callable[[KExpr], int]:
+    """How often a node of kernel runs: once per value of its free variables, which is exactly
+    what hoisting achieves."""
     sizes = {f"i{k}": n for k, n in enumerate(kernel.shape)}
     sizes.update({r.var.name: r.size for r in reduces(kernel.body)})
     memo: dict = {}
+    return lambda x: math.prod(sizes[v] for v in free_vars(x, memo))
+
+
+def flops(kernel: Kernel) -> int:
+    """Scalar operations per run."""
+    runs = _runs(kernel)
     total = 0
     for x in walk(kernel.body):
-        reps = math.prod(sizes[v] for v in free_vars(x, memo))
         if isinstance(x, Op):
-            total += OP_COST.get(x.op, 1) * reps
+            total += OP_COST.get(x.op, 1) * runs(x)
         elif isinstance(x, Reduce):
-            total += x.size * reps
+            total += x.size * runs(x)
     return total
 
 
 def bytes_moved(kernel: Kernel, buffers: dict[str, Buffer]) -> int:
-    """Bytes of every distinct buffer read once plus the output written."""
-    read = {x.buffer for x in loads(kernel.body)}
-    return sum(buffers[b].nbytes for b in read) + buffers[kernel.out].nbytes
+    """Bytes of every distinct buffer read once plus the output written. A table read only by
+    gathers counts no more than the values they fetch: an embedding row, not the vocabulary."""
+    runs = _runs(kernel)
+    fetched: dict[str, int | None] = {}  # buffer -> values gathered, None when read whole
+    for x in loads(kernel.body):
+        gathered = fetched.get(x.buffer, 0)
+        fetched[x.buffer] = gathered + runs(x) if isinstance(x, Gather) and gathered is not None else None
+    total = buffers[kernel.out].nbytes
+    for name, values in fetched.items():
+        buf = buffers[name]
+        total += buf.nbytes if values is None else min(buf.nbytes, values * (buf.nbytes // max(buf.numel, 1)))
+    return total
