@@ -214,10 +214,11 @@ def test_max_of_a_negation_and_a_constant_is_an_exact_min():
                 np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
 
 
-def test_row_reductions_of_a_kernel_output_are_folded_into_its_writer():
-    """y = x * 2 + 1 is a kernel; max and sum over y's rows (and a sum of squares) are computed by
-    y's kernel as it writes them, the readers load one value per row; NaN, infinities of both
-    signs and -inf rows reduce as the interpreter does, on one thread and two."""
+def test_row_sums_of_a_kernel_output_are_folded_into_its_writer():
+    """y = x * 2 + 1 is a kernel; the sums over the rows of y*y and of softmax's exponentials are
+    computed by their writers as they write them, the readers load one value per row; softmax's
+    max stays with its reader (sides.py says why); NaN, infinities of both signs and -inf rows
+    reduce as the interpreter does, on one thread and two."""
     from eclat.backends.cpu.sides import fold_row_reductions
 
     x = G.input_("x", (7, 40))
@@ -232,9 +233,9 @@ def test_row_reductions_of_a_kernel_output_are_folded_into_its_writer():
     xs[1, 3], xs[2, 0], xs[2, 39], xs[4, :], xs[5, 7] = np.nan, np.inf, -np.inf, -np.inf, 3e38
     program = check(graph, [xs])
     folded = fold_row_reductions(program)
-    sides = [(k.name, sd.op) for k in folded.kernels for sd in k.sides]
-    assert sorted(op for _, op in sides) == ["max_reduce", "sum", "sum"], sides
-    assert all(not any(isinstance(r, Reduce) for r in walk(k.body)) for k in folded.kernels[1:])
+    assert sum(len(k.sides) for k in folded.kernels) == 2
+    left = [r.op for k in folded.kernels[1:] for r in walk(k.body) if isinstance(r, Reduce)]
+    assert left == ["max_reduce"], left
     assert [k.sides for k in program.kernels] == [()] * len(program.kernels)  # the original stays
     got = on_two_threads(program).run([xs])
     for g, w in zip(got, run(graph, [xs])):

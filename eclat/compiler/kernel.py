@@ -254,14 +254,12 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Side:
-    """A row reduction a kernel computes beside its output: out[row] = op over the kernel's last
+    """A row sum a kernel computes beside its output: out[row] = the sum over the kernel's last
     axis of body, where body reads the kernel's own output at the current element (the value just
-    computed). reduce is the Reduce it stands for in the kernel that reads out."""
+    computed)."""
 
     out: str
-    op: str  # "sum" | "max_reduce"
     body: KExpr
-    reduce: Reduce
 
 
 @dataclass

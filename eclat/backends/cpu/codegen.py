@@ -127,9 +127,8 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module
     used: set[str] = set()
     parallel: list[str] = []
     functions: dict[str, tuple[str, int]] = {}
-    side_reduces = {sd.out: sd.reduce for k in program.kernels for sd in k.sides}
     for k in program.kernels:
-        em = _KernelEmitter(mod, k, program.buffers, packed, side_reduces)
+        em = _KernelEmitter(mod, k, program.buffers, packed)
         key = em.key()
         if key not in functions:
             functions[key] = (k.name, em.function())
@@ -190,9 +189,8 @@ class _KernelEmitter:
     """Emits one kernel as `void name(ptr args, i64 lo, i64 hi)`."""
 
     def __init__(self, mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer],
-                 packed: dict[str, np.ndarray], side_reduces: dict[str, Reduce] | None = None):
+                 packed: dict[str, np.ndarray]):
         self.mod, self.k, self.buffers, self.packed = mod, kernel, buffers, packed
-        self.side_reduces = side_reduces or {}  # side buffer -> the reduction it holds (sides.py)
         self.contraction = as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
         # arguments in order of first use, so that kernels equal up to names look equal
         names = list(dict.fromkeys([x.buffer for x in loads(kernel.body)] + [kernel.out] +
@@ -210,7 +208,7 @@ class _KernelEmitter:
     def key(self) -> str:
         """The kernel's code with its buffers named by argument position."""
         canon = {n: f"arg{j}:{self.buffers[n].numel}" for j, n in enumerate(self.arg_names)}
-        text = str(self.k.body) + "".join(f"|{sd.op}:{sd.body}" for sd in self.k.sides)
+        text = str(self.k.body) + "".join(f"|sum:{sd.body}" for sd in self.k.sides)
         body = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={canon[m.group(1)]}", text)
         rvars: dict[str, str] = {}  # reduce variables are named after graph positions
         body = re.sub(r"\br\d+\b", lambda m: rvars.setdefault(m.group(0), f"r#{len(rvars)}"), body)
@@ -346,14 +344,10 @@ class _KernelEmitter:
         return shape[lead]
 
     def _row_with_sides(self, vars_: list[Var], cands: list[Reduce]) -> None:
-        """The last axis: each value stored, and each side reduction accumulated from it (a float
-        max as maxnum beside a running sum, checked for NaN at the row's end as _float_max does)."""
-        k, b = self.k, self.b
+        """The last axis: each value stored, and each side sum accumulated from it."""
+        k = self.k
         where = ravel(vars_, k.shape)
         own = Load(k.out, where, Num(1), k.body.dtype)
-        inits = []
-        for sd in k.sides:  # a max carries a running sum beside it
-            inits += [identity(sd.op, DType.float32)] + [zero(DType.float32)] * (sd.op == "max_reduce")
 
         def element(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
             self.bind(vars_[-1].name, i)
@@ -361,27 +355,12 @@ class _KernelEmitter:
             v = self.emit(k.body)
             self.store(k.out, where, v, k.body.dtype)
             self.remember(own, v)
-            out, it = [], iter(accs)
-            for sd in k.sides:
-                x = self.emit(sd.body)
-                if sd.op == "sum":
-                    out.append(binary(b, "add", [next(it), x], DType.float32))
-                else:
-                    out += self._max_step(next(it), next(it), x)
-            return out
+            return [binary(self.b, "add", [acc, self.emit(sd.body)], DType.float32)
+                    for acc, sd in zip(accs, k.sides)]
 
-        accs = iter(self.loop(_i64(0), _i64(k.shape[-1]), inits, element))
+        sums = self.loop(_i64(0), _i64(k.shape[-1]), [zero(DType.float32)] * len(k.sides), element)
         row = ravel(vars_[:-1], k.shape[:-1])
-        for sd in k.sides:
-            if sd.op == "sum":
-                value = next(accs)
-            else:
-                best, total = next(accs), next(accs)
-
-                def term(i: ir.Value, sd=sd) -> ir.Value:  # the stored row read back
-                    self.bind(vars_[-1].name, i)
-                    return self.emit(sd.body)
-                value = self._nan_checked(best, total, k.shape[-1], term)
+        for sd, value in zip(k.sides, sums):
             self.store(sd.out, row, value, DType.float32)
 
     def _pad_split(self) -> tuple[Expr, int, int, KExpr] | None:
@@ -535,7 +514,7 @@ class _KernelEmitter:
         if e.op in ("exp2", "log2", "sin"):
             x = args[0]
             fn = math_function(self.mod, "exp2_nonpositive" if e.op == "exp2" and
-                               _below_own_max(e.srcs[0], axis_vars(self.k.shape), self.side_reduces)
+                               _below_own_max(e.srcs[0], axis_vars(self.k.shape))
                                else e.op)
             if x.type != F32:
                 return b.fptrunc(b.call(fn, [b.fpext(x, F32)]), x.type)
@@ -832,7 +811,7 @@ def _negated_max(e: Op) -> tuple[KExpr, float] | None:
     return None
 
 
-def _below_own_max(e: KExpr, axes: list[Var], side_reduces: dict[str, Reduce]) -> bool:
+def _below_own_max(e: KExpr, axes: list[Var]) -> bool:
     """Whether e is (x - max_r x) or (x - max_r x) * c with c >= 0, x taken at an axis the
     reduction spans: never above 0, or NaN. The reduction's terms are x itself, emitted by the
     same code, so they round the same way (softmax over scores * scale + mask included)."""
@@ -843,13 +822,11 @@ def _below_own_max(e: KExpr, axes: list[Var], side_reduces: dict[str, Reduce]) -
         e = next(s for s in e.srcs if s is not scale[0])
     if not (isinstance(e, Op) and e.op == "add"):
         return False
-    def max_of(s: KExpr) -> Reduce | None:  # the max reduction s is, or holds as a side buffer
-        r = side_reduces.get(s.buffer) if isinstance(s, Load) else s
-        return r if isinstance(r, Reduce) and r.op == "max_reduce" else None
-    shift = [s for s in e.srcs if isinstance(s, Op) and s.op == "neg" and max_of(s.srcs[0]) is not None]
+    shift = [s for s in e.srcs if isinstance(s, Op) and s.op == "neg" and isinstance(s.srcs[0], Reduce)
+             and s.srcs[0].op == "max_reduce"]
     if not shift:
         return False
-    r, x = max_of(shift[0].srcs[0]), next(s for s in e.srcs if s is not shift[0])
+    r, x = shift[0].srcs[0], next(s for s in e.srcs if s is not shift[0])
     return any(v.hi < r.size and rewrite(r.body, index=partial(rename, old=r.var.name, new=v)) == x
                for v in axes)
 
