@@ -161,7 +161,7 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
     cost = {"p0": 10.0, "p1": 8.0, "p2": 9.0, "p3": 1.0}
     calls = []
 
-    def fake_time(exe, arrays, budget=0.2, most=25):
+    def fake_time(exe, arrays, budget=0.2, most=25, least=3):
         if exe == "p3" and calls.count("p3"):
             raise RuntimeError("it ran off the end of a buffer")
         calls.append(exe)

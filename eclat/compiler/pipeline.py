@@ -259,7 +259,7 @@ def _timed_in_turns(exes: list[Any], arrays: list[np.ndarray], rounds: int = 3) 
             if samples[j] is None:
                 continue
             try:
-                samples[j].append(_time(exe, arrays, budget=0.05, most=10))
+                samples[j].append(_time(exe, arrays, budget=0.05, most=10, least=1))
             except Exception:
                 samples[j] = None
     return [statistics.median(s) if s else None for s in samples]
@@ -548,11 +548,12 @@ def _verify(outs: list[np.ndarray], reference: list[np.ndarray]) -> None:
             raise EclatError(f"output {j} differs from the reference (max abs error {err:.3g})")
 
 
-def _time(exe: Any, arrays: list[np.ndarray], budget: float = 0.2, most: int = 25) -> float:
+def _time(exe: Any, arrays: list[np.ndarray], budget: float = 0.2, most: int = 25, least: int = 3) -> float:
+    """Median seconds of exe's runs: at least `least`, then more until `budget` or `most`."""
     inputs = [np.ascontiguousarray(a) for a in arrays]
     samples: list[float] = []
     spent = time.perf_counter()
-    while len(samples) < most and (len(samples) < 3 or time.perf_counter() - spent < budget):
+    while len(samples) < most and (len(samples) < least or time.perf_counter() - spent < budget):
         t = time.perf_counter()
         exe.run(inputs)
         samples.append(time.perf_counter() - t)
