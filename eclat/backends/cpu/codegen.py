@@ -558,26 +558,19 @@ class _KernelEmitter:
         vmaxps; max(-0, +0) may give either) beside a running sum, which is NaN if a term is
         NaN (or infinities of both signs meet). Only then does a second pass look for a NaN: one
         vaddps per vector instead of the four that an `or` of NaN tests legalises to."""
-        best, total = self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype), zero(r.dtype)],
-                                lambda i, accs: self._max_step(*accs, self._term(r, cands, i)))
-        return self._nan_checked(best, total, r.size, lambda i: self._term(r, cands, i))
-
-    def _max_step(self, best: ir.Value, total: ir.Value, x: ir.Value) -> list[ir.Value]:
-        """One term of a float max: the NaN-free maxnum, and the running sum that betrays a NaN."""
-        maxnum = _intrinsic(self.mod, "llvm.maxnum", x.type, 2)
-        return [self.b.call(maxnum, [best, x], fastmath=("nnan", "nsz")),
-                binary(self.b, "add", [total, x], DType.float32)]
-
-    def _nan_checked(self, best: ir.Value, total: ir.Value, size: int,
-                     term: Callable[[ir.Value], ir.Value]) -> ir.Value:
-        """best, or NaN if one of the size terms is: looked for only when their sum is NaN."""
         b = self.b
+        maxnum = _intrinsic(self.mod, "llvm.maxnum", reg_type(r.dtype), 2)
+
+        def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            x = self._term(r, cands, i)
+            return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz")),
+                    binary(b, "add", [accs[1], x], r.dtype)]
+
+        best, total = self.loop(_i64(0), _i64(r.size), [identity(r.op, r.dtype), zero(r.dtype)], body)
         pre = b.block
         with b.if_then(b.fcmp_unordered("uno", total, total), likely=False):
-            self.push()
-            nan_seen = self.loop(_i64(0), _i64(size), [ir.Constant(I1, 0)], lambda i, accs: [
-                b.or_(accs[0], b.fcmp_unordered("uno", *[term(i)] * 2))])[0]
-            self.pop()
+            nan_seen = self.loop(_i64(0), _i64(r.size), [ir.Constant(I1, 0)], lambda i, accs: [
+                b.or_(accs[0], b.fcmp_unordered("uno", *[self._term(r, cands, i)] * 2))])[0]
             checked = b.block
         nan = b.phi(I1)
         nan.add_incoming(ir.Constant(I1, 0), pre)
