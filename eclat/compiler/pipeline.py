@@ -25,6 +25,7 @@ import os
 import statistics
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from ..ir.interpreter import run as interpret
 from .group import group
 from .kernel import Program, bytes_moved, flops
 from .model import CompiledModel, InputSpec, _flatten
+from .tune import in_turns
 
 RTOL, ATOL = 1e-3, 1e-4
 AUTOTUNE_MODES = ("none", "fast", "full")
@@ -192,7 +194,7 @@ def _pick(candidates: list[Graph], backend: Any, device: Any, mode: str, threads
     if not built:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors))
     if len(built) > 1:  # the first timings decided what to prune; the survivors race in turns
-        again = _timed_in_turns([b[1] for b in built], arrays)
+        again = in_turns([_race_timer(b[1], arrays) for b in built], combine=statistics.median)
         if any(t is not None for t in again):
             built = [(t, *b[1:]) for t, b in zip(again, built) if t is not None]
     return {"best": min(built, key=_seconds), "errors": errors, "timed": timed, "pruned": pruned}
@@ -246,23 +248,13 @@ def _tuned(program: Program, backend: Any, device: Any, mode: str, threads: int,
 
 def _faster_first(a: Any, b: Any, arrays: list[np.ndarray]) -> bool:
     """Whether a runs arrays faster than b, timed in turns so that drift falls on both."""
-    ta, tb = _timed_in_turns([a, b], arrays)
+    ta, tb = in_turns([_race_timer(a, arrays), _race_timer(b, arrays)], combine=statistics.median)
     return tb is None or (ta is not None and ta <= tb)
 
 
-def _timed_in_turns(exes: list[Any], arrays: list[np.ndarray], rounds: int = 3) -> list[float | None]:
-    """Each executable's median seconds over rounds of short timings taken in turns, so that a
-    shared machine's slow spell falls on all of them alike (None for one that fails to run)."""
-    samples: list[list[float] | None] = [[] for _ in exes]
-    for _ in range(rounds):
-        for j, exe in enumerate(exes):
-            if samples[j] is None:
-                continue
-            try:
-                samples[j].append(_time(exe, arrays, budget=0.05, most=10, least=1))
-            except Exception:
-                samples[j] = None
-    return [statistics.median(s) if s else None for s in samples]
+def _race_timer(exe: Any, arrays: list[np.ndarray]) -> Callable[[], float]:
+    """One turn of a race between whole programs: a short timing (one run if a run is longer)."""
+    return lambda: _time(exe, arrays, budget=0.05, most=10, least=1)
 
 
 def _open_db(db: Any, cache_dir: str | os.PathLike | None) -> tuple[Any, bool]:

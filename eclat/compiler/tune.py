@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
@@ -103,9 +104,8 @@ def tune(program: Program, backend: Any, device: Any, db: Any, mode: str, thread
 
 def _fastest(sub: Program, kernel: Kernel, space: list[Schedule], backend: Any, threads: int,
              inputs: list[np.ndarray]) -> tuple[float, Schedule] | None:
-    """(us, schedule) of the fastest schedule in space for kernel, alone in sub. The builds are
-    timed in turns, TUNE_ROUNDS times, each keeping its best: a shared machine's slow spell
-    then falls on every schedule alike instead of on whichever was timed during it."""
+    """(us, schedule) of the fastest schedule in space for kernel, alone in sub: the builds timed
+    in turns, each keeping its best."""
     built = []
     for s in space:
         kernel.schedule = s
@@ -113,15 +113,22 @@ def _fastest(sub: Program, kernel: Kernel, space: list[Schedule], backend: Any, 
             built.append((s, backend.compile(sub, threads)))
         except Exception:  # a schedule that fails to build is simply not a candidate
             continue
-    best: dict[int, float] = {}
-    for _ in range(TUNE_ROUNDS):
-        for j, (_, exe) in enumerate(built):
-            try:
-                us = min(exe.profile(inputs, 1))
-            except Exception:  # nor is one that fails to run
+    times = in_turns([lambda exe=exe: min(exe.profile(inputs, 1)) for _, exe in built], combine=min)
+    ran = [(us, s) for us, (s, _) in zip(times, built) if us is not None]  # nor is one that fails to run
+    return min(ran, key=lambda r: r[0]) if ran else None
+
+
+def in_turns(timers: list[Callable[[], float]], rounds: int = TUNE_ROUNDS,
+             combine: Callable[[list[float]], float] = min) -> list[float | None]:
+    """Each timer's samples taken in turns over rounds, so that a shared machine's slow spell
+    falls on all of them alike, combined into one time (None for a timer that raised)."""
+    samples: list[list[float] | None] = [[] for _ in timers]
+    for _ in range(rounds):
+        for j, timer in enumerate(timers):
+            if samples[j] is None:
                 continue
-            best[j] = min(us, best.get(j, us))
-    if not best:
-        return None
-    j = min(best, key=best.__getitem__)
-    return best[j], built[j][0]
+            try:
+                samples[j].append(timer())
+            except Exception:
+                samples[j] = None
+    return [combine(s) if s else None for s in samples]
