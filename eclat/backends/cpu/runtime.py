@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ctypes
 import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from .codegen import build_module
-from .jit import Jitted
+from .jit import Jitted, one_thread_warning
 from .sides import fold_row_reductions
 
 
@@ -26,37 +27,47 @@ def _data(a: np.ndarray) -> int:
 class NativeRun:
     """Calls a compiled `eclat_run(slots)`: slots ordered as slot_names, the arena last. Weights
     are bound once; `run(inputs)` binds contiguous inputs of the right shapes and dtypes (the
-    caller validates) and fresh outputs, and returns the outputs."""
+    caller validates) and fresh outputs, and returns the outputs.
+
+    Calls may come from several Python threads at once (ctypes releases the GIL while the code
+    runs), so the slots and arena a call writes are its own: each call takes a free pair from a
+    pool and returns it, making one only when every pair is in use. Memory grows with the
+    callers that actually overlap, and a lone caller pays a list pop and append (0.1 us)."""
 
     def __init__(self, program: Program, plan: MemoryPlan, slot_names: list[str], address: int,
                  owner: object = None):
         self.program, self.plan = program, plan
         self._owner = owner  # what holds the machine code at address (an execution engine), kept alive
         self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
-        self._arena = np.zeros(max(plan.arena_bytes, 1) + 64, dtype=np.uint8)
-        base = self._arena.ctypes.data
-        arena_ptr = base + (-base % 64)
-        self._slots = (ctypes.c_void_p * len(slot_names))()
-        self._keep: list[np.ndarray] = []
         self._index = {name: j for j, name in enumerate(slot_names)}
+        self._weights: dict[int, np.ndarray] = {}  # slot -> data, bound in every call's slots
+        self._no_data: list[int] = []  # slots nothing reads: pointed at the arena, a valid address
         for name, j in self._index.items():
             buf = program.buffers.get(name)
             if name == "<arena>" or (buf is not None and buf.role == "weight" and
                                      (buf.numel == 0 or buf.data is None)):
-                self._slots[j] = arena_ptr  # nothing to point at: a valid address nothing reads
+                self._no_data.append(j)
             elif buf is not None and buf.role == "weight":
-                data = np.ascontiguousarray(buf.data, dtype=buf.dtype.np)
-                self._keep.append(data)
-                self._slots[j] = data.ctypes.data
+                self._weights[j] = np.ascontiguousarray(buf.data, dtype=buf.dtype.np)
+        self._free: list[_CallState] = [self._state()]
 
         # per call work precomputed: a model step is a few microseconds of Python, not tens
-        self._address = ctypes.addressof(self._slots)
         self._in_slots = [self._index[name] for name in program.inputs]
         self._out_specs = [(self._index[name], tuple(shape), program.buffers[name].dtype.np)
                            for name, shape in zip(program.outputs, program.output_shapes)]
 
-    def _bind(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        slots = self._slots
+    def _state(self) -> _CallState:
+        """Slots with the weights bound and an arena of the plan's size, 64-byte aligned."""
+        arena = np.zeros(max(self.plan.arena_bytes, 1) + 64, dtype=np.uint8)
+        base = arena.ctypes.data
+        slots = (ctypes.c_void_p * len(self._index))()
+        for j in self._no_data:
+            slots[j] = base + (-base % 64)
+        for j, data in self._weights.items():
+            slots[j] = data.ctypes.data
+        return _CallState(slots, arena, ctypes.addressof(slots))
+
+    def _bind(self, slots: ctypes.Array, inputs: list[np.ndarray]) -> list[np.ndarray]:
         for j, a in zip(self._in_slots, inputs):
             slots[j] = _data(a)
         outs = []
@@ -67,16 +78,35 @@ class NativeRun:
         return outs
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        outs = self._bind(inputs)
-        self._fn(self._address)
+        try:
+            state = self._free.pop()  # atomic under the GIL, as is append
+        except IndexError:  # every state is in use by another thread's call
+            state = self._state()
+        try:
+            outs = self._bind(state.slots, inputs)
+            self._fn(state.address)
+        finally:
+            self._free.append(state)
         return outs
+
+
+@dataclass(frozen=True)
+class _CallState:
+    slots: ctypes.Array  # eclat_run's argument: one pointer per slot
+    arena: np.ndarray  # owns the temporaries' memory the arena slot points into
+    address: int  # of slots
 
 
 class CpuExecutable(NativeRun):
     """Program -> native code: the module built and JIT-compiled here, run by NativeRun."""
 
     def __init__(self, program: Program, threads: int = 1):
-        code = fold_row_reductions(program)  # what runs; program stays what tuning and artifacts see
+        # the executable's own copy: codegen adds packed weights and folded sums to the buffers and
+        # tuning sets schedules in place, so a shared program would drift from what was built here
+        program = replace(program, buffers=dict(program.buffers),
+                          kernels=[replace(k) for k in program.kernels])
+        one_thread_warning(threads)
+        code = fold_row_reductions(program)  # what runs; program is what reports and artifacts see
         plan = plan_memory(code)
         start = time.perf_counter()
         self.module = build_module(code, plan, threads)
@@ -86,15 +116,16 @@ class CpuExecutable(NativeRun):
 
     def profile(self, inputs: list[np.ndarray], repeats: int = 5) -> list[float]:
         """Median microseconds of each kernel alone, in program order (inputs as for run)."""
-        keep = self._bind(inputs)
-        self._fn(ctypes.addressof(self._slots))  # every temporary holds real values
+        state = self._state()
+        keep = self._bind(state.slots, inputs)
+        self._fn(state.address)  # every temporary holds real values
         times = []
         for j in range(len(self.program.kernels)):
             fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.jit.address(f"eclat_kernel_{j}"))
             samples = []
             for _ in range(repeats):
                 t = time.perf_counter()
-                fn(ctypes.addressof(self._slots))
+                fn(state.address)
                 samples.append(time.perf_counter() - t)
             times.append(sorted(samples)[len(samples) // 2] * 1e6)
         del keep

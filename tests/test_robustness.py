@@ -1,0 +1,145 @@
+"""Never a wrong answer, never a crash: concurrent calls, the thread pool's library, the program
+cache's key, freed models. Each case failed before its fix."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import eclat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _mlp(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+
+
+def _run(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """code in a fresh interpreter (a crash there is a failed assertion here, not a dead test run)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_calls_from_several_python_threads_are_each_right(threads):
+    model = _mlp()
+    fast = eclat.compile(model, (torch.randn(4, 64),), autotune="none", threads=threads, quiet=True)
+    errors: list[float] = []
+
+    def calls(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(100):
+            x = rng.standard_normal((4, 64)).astype(np.float32)
+            with torch.no_grad():
+                want = model(torch.from_numpy(x)).numpy()
+            errors.append(float(np.abs(fast(x) - want).max()))
+
+    workers = [threading.Thread(target=calls, args=(seed,)) for seed in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(errors) == 400 and max(errors) < 1e-4
+
+
+SEVERAL_THREADS_NO_COMPILER = """
+    import os, warnings
+    import numpy as np, torch, eclat
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).eval()
+    x = torch.randn(64, 64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fast = eclat.compile(model, (x,), autotune="none", threads=2, quiet=True)
+    print([str(w.message) for w in seen if "one thread" in str(w.message)])
+    assert np.allclose(fast(x).numpy(), model(x).detach().numpy(), atol=1e-5)
+    fast.save(os.environ["ARTIFACT"])  # and a threads=2 artifact loads and runs on one as well
+    assert np.allclose(eclat.load(os.environ["ARTIFACT"])(x.numpy()), model(x).detach().numpy(), atol=1e-5)
+    print("ok")
+"""
+
+
+def test_several_threads_without_a_c_compiler_run_on_one_and_say_why(tmp_path):
+    out = _run(SEVERAL_THREADS_NO_COMPILER, {"CC": "/nonexistent/cc", "PATH": "/nonexistent",
+                                              "ECLAT_CACHE_DIR": str(tmp_path),
+                                              "ARTIFACT": str(tmp_path / "two.eclat")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "no C compiler found" in out.stdout and out.stdout.strip().endswith("ok")
+
+
+POOL = """
+    from eclat.backends.cpu import threads
+    print(threads.pool_address() is not None, threads.pool_unavailable())
+"""
+
+
+def test_thread_pool_library_lives_in_the_cache_and_is_rebuilt_when_damaged(tmp_path):
+    env = {"ECLAT_CACHE_DIR": str(tmp_path / "cache"), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert _run(POOL, env).stdout.split() == ["True", "None"]
+    (lib,) = (tmp_path / "cache" / "lib").glob("pool-*.so")
+    assert not (tmp_path / "xdg").exists()
+    good = lib.read_bytes()
+    for damaged in (good[:1000], os.urandom(len(good)), b""):  # truncated (a Bus error once), garbage
+        lib.write_bytes(damaged)
+        out = _run(POOL, env)
+        assert out.returncode == 0 and out.stdout.split() == ["True", "None"], out.stderr[-2000:]
+        assert len(lib.read_bytes()) == len(good)  # built again
+
+
+def test_an_unwritable_cache_still_gets_a_thread_pool(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would be")
+    out = _run(POOL, {"ECLAT_CACHE_DIR": str(blocker / "cache")})
+    assert out.returncode == 0 and out.stdout.split() == ["True", "None"], out.stderr[-2000:]
+
+
+def test_program_cache_tells_apart_models_that_differ_outside_their_state_dict(tmp_path):
+    """Hardtanh's bounds are constructor arguments, not state: the key is the lowered graph. The
+    example inputs stay inside both bounds, so checking a hit on them alone cannot tell the two apart."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 8)
+    example, large = torch.randn(4, 8) * 0.1, torch.randn(4, 8) * 100
+    for low, high in [(-100.0, 100.0), (-10.0, 10.0)]:
+        model = torch.nn.Sequential(linear, torch.nn.Hardtanh(low, high)).eval()
+        fast = eclat.compile(model, (example,), autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
+        assert not fast.report()["candidates"].get("cached")
+        with torch.no_grad():
+            torch.testing.assert_close(fast(large), model(large))
+
+
+def test_a_compiled_model_is_freed_when_dropped():
+    """The first compile imports egglog, which keeps the frames that define its classes (and, before,
+    every caller's frame below them: the first model was never freed)."""
+    out = _run("""
+        import gc, weakref, torch, eclat
+        def compiled():
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+            fast = eclat.compile(model, (torch.randn(2, 8),), autotune="none", quiet=True)
+            return weakref.ref(fast), weakref.ref(model)
+        refs = compiled()
+        gc.collect()
+        print([r() is None for r in refs])
+    """)
+    assert out.stdout.split() == ["[True,", "True]"], out.stderr[-2000:]
+
+
+def test_dropped_models_do_not_accumulate_in_this_process():
+    refs = []
+    for seed in range(2):
+        fast = eclat.compile(_mlp(seed), (torch.randn(2, 64),), autotune="none", quiet=True)
+        refs.append(weakref.ref(fast))
+        del fast
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
