@@ -3,27 +3,57 @@
 from __future__ import annotations
 
 import re
+import warnings
 from functools import cache
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-from .threads import pool_address
+from .threads import pool_address, pool_unavailable
+
+# eclat_parallel without the pool: the whole range on the calling thread
+SERIAL_POOL = """
+define void @eclat_parallel(ptr %fn, ptr %args, i64 %n, i32 %threads) {
+  call void %fn(ptr %args, i64 0, i64 %n)
+  ret void
+}
+"""
 
 
 @cache
 def _init() -> None:
+    """LLVM's native target, and eclat_parallel for generated code to call: the pool, or its serial
+    stand-in when the pool is unavailable (code built for several threads, an artifact's too, then
+    runs on one)."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     address = pool_address()
-    if address is not None:
-        llvm.add_symbol("eclat_parallel", address)
+    if address is None:
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(SERIAL_POOL), _host_machine())
+        engine.finalize_object()
+        _serial.append(engine)
+        address = engine.get_function_address("eclat_parallel")
+    llvm.add_symbol("eclat_parallel", address)
+
+
+_serial: list[llvm.ExecutionEngine] = []  # keeps the stand-in's code alive
+
+
+def one_thread_warning(threads: int) -> None:
+    """Warn that code meant for several threads runs on one here, and why."""
+    why = pool_unavailable() if threads > 1 else None
+    if why:
+        warnings.warn(f"eclat: kernels run on one thread, not {threads}: {why}", RuntimeWarning, stacklevel=3)
 
 
 def target_machine() -> llvm.TargetMachine:
     """The host CPU by name and features (AVX2 and FMA where present). A fresh one each
     time: an execution engine takes ownership of the target machine it is given."""
     _init()
+    return _host_machine()
+
+
+def _host_machine() -> llvm.TargetMachine:
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
                                         features=llvm.get_host_cpu_features().flatten(),
@@ -34,10 +64,6 @@ def host_description() -> dict:
     return {"name": llvm.get_host_cpu_name(), "triple": llvm.get_process_triple(),
             "features": sorted(f[1:] for f in llvm.get_host_cpu_features().flatten().split(",")
                                if f.startswith("+") and f[1:] in ("avx", "avx2", "fma", "avx512f", "neon"))}
-
-
-def threads_available() -> bool:
-    return pool_address() is not None
 
 
 def _loop_ids(text: str) -> str:

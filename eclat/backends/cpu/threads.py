@@ -7,8 +7,8 @@ the cores it waits for: OpenMP's default made torch 60x slower here). A call han
 watches for the next call for at most SPIN_NS (the kernels of one model run follow each
 other within microseconds, and waking a sleeping vCPU costs tens of them), then sleeps on a
 condition variable; the caller likewise watches for the others' slices before it sleeps.
-The library is compiled once per source version into a cache folder; without a C
-compiler, kernels simply run on one thread.
+The library is compiled once per source version into eclat's cache folder; without a C
+compiler (or a folder to build in), kernels run on one thread and compiling says why.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from functools import cache
+from pathlib import Path
 
 SOURCE = r"""
 #include <pthread.h>
@@ -117,29 +118,73 @@ void eclat_parallel(kernel_t fn, void *args, int64_t n, int threads) {
 """
 
 
+class NoPool(Exception):
+    """Why the pool library cannot be had here."""
+
+
 @cache
 def pool_address() -> int | None:
-    """Address of eclat_parallel, or None when no C compiler is available."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    """Address of eclat_parallel, or None when the library cannot be built or loaded (then kernels
+    run on one thread: see jit.serial_pool and pool_unavailable)."""
+    try:
+        handle = ctypes.CDLL(_library(), mode=ctypes.RTLD_GLOBAL)
+    except (NoPool, OSError) as e:
+        _why.append(str(e))
         return None
-    tag = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
-    folder = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "eclat")
-    lib = os.path.join(folder, f"pool-{tag}.so")
-    if not os.path.exists(lib):
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, out = os.path.join(tmp, "pool.c"), os.path.join(tmp, "pool.so")
-            with open(src, "w") as f:
-                f.write(SOURCE)
-            r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-pthread", src, "-o", out],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                return None
-            os.replace(out, lib)  # atomic: concurrent builders never see half a file
-    handle = ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     _keep.append(handle)
     return ctypes.cast(handle.eclat_parallel, ctypes.c_void_p).value
 
 
+def pool_unavailable() -> str | None:
+    """Why kernels cannot run on several threads here; None when they can."""
+    return None if pool_address() is not None else _why[-1]
+
+
+def _library() -> str:
+    """The path of a checked build of SOURCE: in eclat's cache folder, where a build is kept with its
+    digest and one that does not match it (truncated, damaged) is built again; in a private
+    temporary folder when the cache cannot be written."""
+    from ...autotune.cache import cache_dir
+
+    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    if cc is None:
+        raise NoPool("no C compiler found to build eclat's thread pool (install gcc, or set CC)")
+    lib = cache_dir() / "lib" / f"pool-{hashlib.sha256(SOURCE.encode()).hexdigest()[:16]}.so"
+    digest = lib.with_suffix(".sha256")
+    try:
+        data = lib.read_bytes()
+        if data and hashlib.sha256(data).hexdigest() == digest.read_text().strip():
+            return str(lib)
+    except OSError:  # not built yet, or unreadable: build it
+        pass
+    try:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        return _build(cc, lib, digest)
+    except OSError:  # a cache folder we cannot write: a build of this process's own
+        private = Path(tempfile.mkdtemp(prefix="eclat-pool-"))
+        return _build(cc, private / lib.name, private / digest.name)
+
+
+def _build(cc: str, lib: Path, digest: Path) -> str:
+    """Compile SOURCE to lib, then write its digest; each file appears whole (written beside it, then
+    renamed), so a concurrent reader sees the old pair, the new pair, or a mismatch it rebuilds."""
+    src = lib.with_name(f"{lib.stem}.{os.getpid()}.c")
+    tmp = lib.with_name(f"{lib.stem}.{os.getpid()}.tmp")
+    try:
+        src.write_text(SOURCE)
+        r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-pthread", str(src), "-o", str(tmp)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise NoPool(f"{cc} could not build eclat's thread pool: {r.stderr.strip()[-300:]}")
+        data = tmp.read_bytes()
+        os.replace(tmp, lib)
+        tmp.write_text(hashlib.sha256(data).hexdigest())
+        os.replace(tmp, digest)
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return str(lib)
+
+
 _keep: list[ctypes.CDLL] = []
+_why: list[str] = []
