@@ -19,10 +19,12 @@ be written now and run (or tuned) on the hardware later.
 from __future__ import annotations
 
 import hashlib
-import inspect
+import importlib
 import json
 import os
 import statistics
+import sys
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -69,14 +71,14 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
     from ..frontend import lower
 
     arrays = [_numpy(x) for x in _flatten(example_inputs)]
+    graph = lower(model, example_inputs)
     remember = None
-    if autotune != "none" and verify and hasattr(model, "state_dict"):
-        remember = _program_cache(model, example_inputs, target, autotune, k, threads, cache_dir)
+    if autotune != "none" and verify:
+        remember = _program_cache(graph, target, autotune, k, threads, cache_dir)
         cached = _from_program_cache(remember, model, example_inputs, arrays, target, threads, autotune,
                                      cache_dir, db, quiet, start)
         if cached is not None:
             return cached
-    graph = lower(model, example_inputs)
     return compile_graph(graph, arrays, target, threads=threads, autotune=autotune, cache_dir=cache_dir,
                          db=db, k=k, verify=verify, quiet=quiet, start=start, remember=remember)
 
@@ -125,8 +127,6 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
             print(f"eclat: skipped {line}")
         counts = {"hits": tdb.hits - hits, "misses": tdb.misses - misses} if tdb is not None else {
             "hits": 0, "misses": 0}
-        if remember is not None:
-            _write_program_cache(remember, program, n, tuned, graph)
     finally:
         if owned:
             tdb.close()
@@ -135,6 +135,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     report["candidates"]["pruned"] = picked["pruned"]
     report["candidates"]["chosen"] = n
     report["tuning_cache"] = counts
+    if remember is not None:
+        _write_program_cache(remember, program, tuned, graph, report)
     if autotune != "none":
         _measure(report, exe, program, arrays, device)
     return CompiledModel(exe, _specs(graph), graph.out_spec, report)
@@ -146,11 +148,23 @@ def _specs(graph: Graph) -> list[InputSpec]:
 
 def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:
     try:
-        from ..rewrites import optimize
+        optimize = _rewrites().optimize
     except ImportError:
         return [graph], {}
     opt = optimize(graph, target, k)
     return (opt.candidates or [graph]), dict(opt.stats)
+
+
+def _rewrites() -> Any:
+    """eclat.rewrites, imported on a thread of its own the first time: egglog keeps the frame that
+    defines each of its classes, and a frame keeps its callers' frames alive; imported from inside a
+    compile, those would be the caller's, and the first compiled model would never be freed."""
+    name = __package__.rpartition(".")[0] + ".rewrites"
+    if name not in sys.modules:
+        loader = threading.Thread(target=importlib.import_module, args=(name,), daemon=True)
+        loader.start()
+        loader.join()
+    return importlib.import_module(name)  # raises here if the thread's import failed
 
 
 def _programs(candidates: list[Graph], device: Any, threads: int,
@@ -270,45 +284,34 @@ def _open_db(db: Any, cache_dir: str | os.PathLike | None) -> tuple[Any, bool]:
 
 # --- the program cache: a second compile of the same model skips export, e-graph and grouping -------
 
-def _program_cache(model: Any, example_inputs: tuple, target: str, mode: str, k: int, threads: int,
+def _program_cache(graph: Graph, target: str, mode: str, k: int, threads: int,
                    cache_dir: str | os.PathLike | None) -> Path:
-    """Where the chosen candidate's kernels for this model are kept: keyed by the source files of the model's
-    classes, its state (names, shapes and values), the inputs' shapes and dtypes, the options and
-    eclat's own sources. Whatever the key misses (a global a forward reads), the final program's
-    check against the model run by torch catches."""
-    import torch
-
+    """Where the chosen candidate's kernels for this graph are kept: keyed by the lowered graph (its
+    ops, constants, shapes and dtypes: everything the model's code and arguments decide), its weights'
+    values, the options and eclat's own sources. A hit is still checked against the model run by torch."""
     from ..autotune.cache import cache_dir as root
     from ..autotune.cache import source_version
 
-    h = hashlib.sha256(f"{target}|{mode}|{k}|{threads}|{torch.__version__}".encode())
-    for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
-        h.update(cls.__qualname__.encode())
-        try:
-            h.update(Path(inspect.getsourcefile(cls) or "").read_bytes())
-        except (OSError, TypeError):
-            h.update(b"?")
-    for name, t in model.state_dict().items():
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    for x in _flatten(example_inputs):
-        h.update(f"{tuple(getattr(x, 'shape', ()))}|{getattr(x, 'dtype', type(x))}".encode())
-    h.update(source_version().encode())
+    h = hashlib.sha256(f"{target}|{mode}|{k}|{threads}|{source_version()}|{graph}".encode())
+    for name, w in sorted(graph.weights.items()):
+        w = np.ascontiguousarray(w)
+        h.update(f"{name}|{w.shape}|{w.dtype}".encode())
+        h.update(w.view(np.uint8).reshape(-1).data if w.size else b"")
     return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.zip"
 
 
-def _write_program_cache(path: Path, program: Program, n: int, tuned: bool, graph: Graph) -> None:
-    """Keep the chosen candidate's kernels as data, in the artifact's encoding (atomically; a
-    cache that cannot be written is only slower)."""
+def _write_program_cache(path: Path, program: Program, tuned: bool, graph: Graph,
+                         report: dict) -> None:
+    """Keep the chosen candidate's kernels as data, in the artifact's encoding, with the report of the
+    search that chose it (atomically; a cache that cannot be written is only slower)."""
     from safetensors.numpy import save
 
     from .artifact import _out_spec_text, encode_program
 
     weights = {b.name: np.ascontiguousarray(b.data) for b in program.buffers.values() if b.data is not None}
     inputs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in _specs(graph)]
-    meta = {"program": encode_program(program), "n": n, "tuned": tuned,
-            "out_spec": _out_spec_text(graph.out_spec), "inputs": inputs}
+    meta = {"program": encode_program(program), "tuned": tuned,
+            "out_spec": _out_spec_text(graph.out_spec), "inputs": inputs, "report": report}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -355,7 +358,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
             raw = z.read("weights.safetensors")
         os.utime(path)  # used now: the last to be trimmed
         program = decode_program(meta["program"], load(raw) if raw else {})
-        n, tuned, out_spec = meta["n"], meta.get("tuned", True), meta["out_spec"]
+        tuned, out_spec, searched = meta["tuned"], meta["out_spec"], meta["report"]
         specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]]) for s in meta["inputs"]]
     except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
@@ -383,8 +386,9 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
         return None
     exe, program = built
     report = _report(target, threads, device, {}, 1, 0, program, exe, start, [])
-    report["candidates"].update(chosen=n, cached=True)
-    report["tuning_cache"] = counts
+    # the search's own figures (e-graph, candidates) from the compile that chose this program
+    report.update(egraph=searched["egraph"], candidates={**searched["candidates"], "cached": True},
+                  tuning_cache=counts)
     _measure(report, exe, program, arrays, device)
     return CompiledModel(exe, specs, out_spec, report)
 
