@@ -48,10 +48,8 @@ def test_measure_times_real_work():
 
 def test_measure_respects_budget():
     calls = []
-    t0 = time.perf_counter()
     t = measure(lambda: (calls.append(1), time.sleep(0.05)), warmup=3, repeats=100, max_seconds=0.12)
-    assert time.perf_counter() - t0 < 0.4
-    assert 1 <= t.repeats <= 2 and len(calls) <= 5
+    assert 1 <= t.repeats <= 2 and len(calls) <= 5  # stopped by the budget, not the 100 repeats
     assert t.median_us >= 45_000
 
 
@@ -74,9 +72,7 @@ def test_isolated_value_and_segfault(method):
 
 
 def test_isolated_timeout_kills_the_child():
-    t0 = time.perf_counter()
     out = run_isolated(_hang, timeout_s=0.5)
-    assert time.perf_counter() - t0 < 5
     assert not out.ok and out.error == "timed out after 0.5 s"
     with pytest.raises(CandidateFailed, match="timed out after 0.5 s"):
         out.unwrap()
