@@ -143,3 +143,59 @@ def test_dropped_models_do_not_accumulate_in_this_process():
         del fast
     gc.collect()
     assert [r() for r in refs] == [None, None]
+
+
+class DictDifference(torch.nn.Module):
+    def forward(self, d: dict[str, torch.Tensor], scale: int) -> torch.Tensor:
+        return (d["a"] - 2 * d["b"]) * scale
+
+
+def test_dict_inputs_are_matched_by_key_and_wrong_keys_refused():
+    a, b = torch.ones(3), torch.full((3,), 5.0)
+    fast = eclat.compile(DictDifference(), ({"a": a, "b": b}, 3), autotune="none", quiet=True)
+    torch.testing.assert_close(fast({"b": b, "a": a}, 3), torch.full((3,), -27.0))
+    torch.testing.assert_close(fast(a, b), torch.full((3,), -27.0))  # the flat form: inputs in order
+    with pytest.raises(ValueError, match=r"expected the keys \['a', 'b'\]; missing \['b'\]; unknown \['c'\]"):
+        fast({"a": a, "c": b}, 3)
+    with pytest.raises(ValueError, match=r"unknown \['c'\]"):
+        fast({"a": a, "b": b, "c": b}, 3)
+    with pytest.raises(ValueError, match="compiled for the constant 3, given 4"):
+        fast({"a": a, "b": b}, 4)
+    with pytest.raises(ValueError, match="expected a dict with keys"):
+        fast([a, b], 3)
+
+
+def test_a_python_list_input_is_named_as_such():
+    model = torch.nn.Linear(4, 4)
+    fast = eclat.compile(model, (torch.randn(2, 4),), autotune="none", quiet=True)
+    with pytest.raises(ValueError, match=r"input 0 \(input\): expected a torch.Tensor or .*, given list"):
+        fast(torch.randn(2, 4).tolist())
+    with pytest.raises(ValueError, match=r"expected 1 arguments, given 2; the inputs are input: float32\[2"):
+        fast(torch.randn(2, 4), torch.randn(2, 4))
+
+
+def test_opencl_calls_from_several_threads_take_turns():
+    pytest.importorskip("pyopencl")
+    from eclat.backends.opencl.runtime import context
+
+    try:
+        context()
+    except eclat.EclatError as e:
+        pytest.skip(str(e))
+    model = _mlp()
+    fast = eclat.compile(model, (torch.randn(4, 64),), target="opencl", autotune="none", quiet=True)
+    inputs = [np.random.default_rng(s).standard_normal((4, 64)).astype(np.float32) for s in range(4)]
+    with torch.no_grad():
+        wants = [model(torch.from_numpy(x)).numpy() for x in inputs]
+    errors: list[float] = []
+
+    def calls(k: int) -> None:
+        for _ in range(20):
+            errors.append(float(np.abs(fast(inputs[k]) - wants[k]).max()))
+
+    workers = [threading.Thread(target=calls, args=(k,)) for k in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(errors) == 80 and max(errors) < 1e-4

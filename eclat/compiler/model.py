@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,36 +33,89 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
-class CompiledModel:
-    """Call with torch tensors or numpy arrays (positional, as the example inputs);
-    get the same kind back: torch outputs in the model's own structure, numpy outputs
-    as one array or a list."""
+def _is_array(x: Any) -> bool:
+    return isinstance(x, np.ndarray) or _is_torch(x)
 
-    def __init__(self, executable: Any, inputs: list[InputSpec], out_spec: Any, report: dict):
+
+def input_structure(example: Any) -> Any:
+    """How the example inputs nest, as JSON data: a list for a tuple or list, {"dict": [[key, child],
+    ...]} for a dict (in its order, which is the order torch.export flattens it in), null for a
+    tensor, {"const": value} for a number or string that export baked into the program."""
+    if isinstance(example, (list, tuple)):
+        return [input_structure(x) for x in example]
+    if isinstance(example, dict):
+        return {"dict": [[k, input_structure(v)] for k, v in example.items()]}
+    if _is_array(example) or example is None:
+        return None
+    return {"const": example}
+
+
+def _leaves(x: Any, structure: Any, where: str) -> list[Any]:
+    """x's tensors in the order of the program's inputs, x checked against structure."""
+    if structure is None:
+        return [x]
+    if isinstance(structure, list):
+        if not isinstance(x, (list, tuple)) or len(x) != len(structure):
+            given = f"{type(x).__name__} of {len(x)}" if isinstance(x, (list, tuple)) else type(x).__name__
+            raise ValueError(f"{where}: expected a tuple or list of {len(structure)}, given a {given}")
+        return [leaf for k, (a, s) in enumerate(zip(x, structure)) for leaf in _leaves(a, s, f"{where}[{k}]")]
+    if "const" in structure:
+        if _is_array(x) or x != structure["const"]:
+            raise ValueError(f"{where}: the model was compiled for the constant {structure['const']!r}, "
+                             f"given {x!r}")
+        return []
+    keys = [k for k, _ in structure["dict"]]
+    if not isinstance(x, dict):
+        raise ValueError(f"{where}: expected a dict with keys {keys}, given a {type(x).__name__}")
+    if set(x) != set(keys):
+        wrong = {"missing": [k for k in keys if k not in x], "unknown": [k for k in x if k not in keys]}
+        raise ValueError(f"{where}: expected the keys {keys}; " +
+                         "; ".join(f"{what} {ks}" for what, ks in wrong.items() if ks))
+    return [leaf for k, s in structure["dict"] for leaf in _leaves(x[k], s, f"{where}[{k!r}]")]
+
+
+class CompiledModel:
+    """Call with torch tensors or numpy arrays nested as the example inputs were (dicts matched by
+    key), or with the flat list of `inputs` as positional arrays; get the same kind back: torch
+    outputs in the model's own structure, numpy outputs as one array or a list. Calls from several
+    threads at once are safe: a CPU program gives each call its own memory, others take turns."""
+
+    def __init__(self, executable: Any, inputs: list[InputSpec], out_spec: Any, report: dict,
+                 in_structure: Any = None):
         self.executable = executable
         self.inputs = inputs
         self.out_spec = out_spec
+        self.in_structure = [None] * len(inputs) if in_structure is None else in_structure
         self._report = report
         self._expected = [(s.shape, np.dtype(s.dtype.np)) for s in inputs]
         self._torch_dtypes: list[Any] | None = None  # each input's torch dtype, once torch is seen
+        # GPU programs keep their buffers on the device: their calls take turns
+        reentrant = getattr(executable, "reentrant", False)
+        self._execute = executable.run if reentrant else _one_at_a_time(executable.run)
 
     def __call__(self, *args: Any) -> Any:
         if self._plain(args):  # the common call, checked in one pass: a tenth of a small model's time
-            outs = self.executable.run(list(args))
+            outs = self._execute(list(args))
             return outs[0] if len(outs) == 1 else outs
         arrays = self._plain_torch(args)
         if arrays is not None:  # the common torch call: 8 us where the general path below takes 25
-            return self._as_torch(self.executable.run(arrays))
-        flat = _flatten(args)
-        if len(flat) != len(self.inputs):
-            raise ValueError(f"expected {len(self.inputs)} inputs "
-                             f"({', '.join(_describe(s) for s in self.inputs)}), given {len(flat)}")
+            return self._as_torch(self._execute(arrays))
+        flat = self._flat(args)
         use_torch = any(_is_torch(x) for x in flat)
         arrays = [self._array(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, flat))]
-        outs = self.executable.run(arrays)
+        outs = self._execute(arrays)
         if not use_torch:
             return outs[0] if len(outs) == 1 else outs
         return self._as_torch(outs)
+
+    def _flat(self, args: tuple) -> list[Any]:
+        """The call's tensors in the order of self.inputs: nested as the example inputs were, or flat."""
+        if len(args) == len(self.inputs) and all(_is_array(a) for a in args):
+            return list(args)
+        if len(args) != len(self.in_structure):
+            raise ValueError(f"expected {len(self.in_structure)} arguments, given {len(args)}; the inputs "
+                             f"are {', '.join(_describe(s) for s in self.inputs)}")
+        return _leaves(args, self.in_structure, "arguments")
 
     def _as_torch(self, outs: list[np.ndarray]) -> Any:
         """outs as tensors, in the model's own output structure."""
@@ -133,4 +188,13 @@ class CompiledModel:
 
 
 def _describe(spec: InputSpec) -> str:
-    return f"{spec.dtype.name}{list(spec.shape)}"
+    return f"{spec.name}: {spec.dtype.name}{list(spec.shape)}"
+
+
+def _one_at_a_time(run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Callable:
+    lock = threading.Lock()
+
+    def locked(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        with lock:
+            return run(arrays)
+    return locked

@@ -42,7 +42,7 @@ from ..ir.graph import Graph, numel
 from ..ir.interpreter import run as interpret
 from .group import group
 from .kernel import Program, bytes_moved, flops
-from .model import CompiledModel, InputSpec, _flatten
+from .model import CompiledModel, InputSpec, _leaves, input_structure
 from .tune import in_turns
 
 RTOL, ATOL = 1e-3, 1e-4
@@ -70,7 +70,8 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
         example_inputs = tuple(example_inputs) if isinstance(example_inputs, list) else (example_inputs,)
     from ..frontend import lower
 
-    arrays = [_numpy(x) for x in _flatten(example_inputs)]
+    structure = input_structure(example_inputs)
+    arrays = [_numpy(x) for x in _leaves(example_inputs, structure, "example_inputs")]
     graph = lower(model, example_inputs)
     remember = None
     if autotune != "none" and verify:
@@ -80,15 +81,17 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
         if cached is not None:
             return cached
     return compile_graph(graph, arrays, target, threads=threads, autotune=autotune, cache_dir=cache_dir,
-                         db=db, k=k, verify=verify, quiet=quiet, start=start, remember=remember)
+                         db=db, k=k, verify=verify, quiet=quiet, start=start, remember=remember,
+                         in_structure=structure)
 
 
 def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *, threads: int = 1,
                   autotune: str = "fast", cache_dir: str | os.PathLike | None = None, db: Any = None,
                   k: int = 8, verify: bool = True, quiet: bool = False, start: float | None = None,
-                  remember: Path | None = None) -> CompiledModel:
+                  remember: Path | None = None, in_structure: Any = None) -> CompiledModel:
     """The pipeline from a primitive graph and example input arrays. remember: where to keep the
-    chosen candidate for the next compile of the same model (see _program_cache)."""
+    chosen candidate for the next compile of the same model (see _program_cache); in_structure: how
+    a call's inputs nest (model.input_structure; default flat)."""
     start = time.perf_counter() if start is None else start
     backend = get_backend(target)
     bars = True if quiet else None  # progress bars: on a terminal, unless quiet
@@ -97,7 +100,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         bar.update()
     missing = device_missing(target)
     if missing:
-        return _deferred(graph, candidates, backend, target, threads, egraph, missing, start)
+        return _deferred(graph, candidates, backend, target, threads, egraph, missing, start, in_structure)
     device = _device(target, threads, cache_dir) if autotune != "none" else None
     tdb, owned = _open_db(db, cache_dir) if device is not None else (None, False)
     try:
@@ -136,10 +139,10 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     report["candidates"]["chosen"] = n
     report["tuning_cache"] = counts
     if remember is not None:
-        _write_program_cache(remember, program, tuned, graph, report)
+        _write_program_cache(remember, program, tuned, graph, report, in_structure)
     if autotune != "none":
         _measure(report, exe, program, arrays, device)
-    return CompiledModel(exe, _specs(graph), graph.out_spec, report)
+    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure)
 
 
 def _specs(graph: Graph) -> list[InputSpec]:
@@ -300,8 +303,8 @@ def _program_cache(graph: Graph, target: str, mode: str, k: int, threads: int,
     return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.zip"
 
 
-def _write_program_cache(path: Path, program: Program, tuned: bool, graph: Graph,
-                         report: dict) -> None:
+def _write_program_cache(path: Path, program: Program, tuned: bool, graph: Graph, report: dict,
+                         in_structure: Any) -> None:
     """Keep the chosen candidate's kernels as data, in the artifact's encoding, with the report of the
     search that chose it (atomically; a cache that cannot be written is only slower)."""
     from safetensors.numpy import save
@@ -311,7 +314,8 @@ def _write_program_cache(path: Path, program: Program, tuned: bool, graph: Graph
     weights = {b.name: np.ascontiguousarray(b.data) for b in program.buffers.values() if b.data is not None}
     inputs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in _specs(graph)]
     meta = {"program": encode_program(program), "tuned": tuned,
-            "out_spec": _out_spec_text(graph.out_spec), "inputs": inputs, "report": report}
+            "out_spec": _out_spec_text(graph.out_spec), "inputs": inputs, "report": report,
+            "in_structure": in_structure}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -359,6 +363,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
         os.utime(path)  # used now: the last to be trimmed
         program = decode_program(meta["program"], load(raw) if raw else {})
         tuned, out_spec, searched = meta["tuned"], meta["out_spec"], meta["report"]
+        in_structure = meta["in_structure"]
         specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]]) for s in meta["inputs"]]
     except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
@@ -390,7 +395,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
     report.update(egraph=searched["egraph"], candidates={**searched["candidates"], "cached": True},
                   tuning_cache=counts)
     _measure(report, exe, program, arrays, device)
-    return CompiledModel(exe, specs, out_spec, report)
+    return CompiledModel(exe, specs, out_spec, report, in_structure)
 
 
 def _choice_key(graph: Graph, mode: str, k: int, backend: str, device: Any) -> Any:
@@ -495,7 +500,7 @@ class DeferredExecutable:
 
 
 def _deferred(graph: Graph, candidates: list[Graph], backend: Any, target: str, threads: int, egraph: dict,
-              reason: str, start: float) -> CompiledModel:
+              reason: str, start: float, in_structure: Any) -> CompiledModel:
     errors: list[str] = []
     programs = _programs(candidates, None, threads, errors)
     if not programs:
@@ -506,7 +511,7 @@ def _deferred(graph: Graph, candidates: list[Graph], backend: Any, target: str, 
     report["candidates"]["chosen"] = n
     report["notes"] = [f"{reason}: kept candidate {n} with default schedules, unverified and untimed; "
                        f"tune it on the hardware (`eclat autotune`)"]
-    return CompiledModel(exe, _specs(graph), graph.out_spec, report)
+    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure)
 
 
 # --- verification, timing, report ------------------------------------------------------------------

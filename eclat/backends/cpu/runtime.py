@@ -34,6 +34,8 @@ class NativeRun:
     pool and returns it, making one only when every pair is in use. Memory grows with the
     callers that actually overlap, and a lone caller pays a list pop and append (0.1 us)."""
 
+    reentrant = True  # CompiledModel need not make calls take turns
+
     def __init__(self, program: Program, plan: MemoryPlan, slot_names: list[str], address: int,
                  owner: object = None):
         self.program, self.plan = program, plan
