@@ -69,7 +69,7 @@ def test_torch_inputs_of_every_kind_match(mlp):
 
 
 @pytest.mark.parametrize("args,message", [
-    ((), "expected 1 inputs"),
+    ((), "expected 1 arguments, given 0"),
     ((torch.zeros(4, 16), torch.zeros(4, 16)), "given 2"),
     ((torch.zeros(3, 16),), "expected shape [4, 16], given [3, 16]"),
     ((torch.zeros(4, 16, dtype=torch.float64),), "expected dtype float32, given float64"),

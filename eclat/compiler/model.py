@@ -19,6 +19,7 @@ class InputSpec:
     name: str
     shape: tuple[int, ...]
     dtype: DType
+    index_range: tuple[int, int] | None = None  # [low, high): an input used to index checks its values
 
 
 def _flatten(args: Any) -> list[Any]:
@@ -91,7 +92,9 @@ class CompiledModel:
         self._torch_dtypes: list[Any] | None = None  # each input's torch dtype, once torch is seen
         # GPU programs keep their buffers on the device: their calls take turns
         reentrant = getattr(executable, "reentrant", False)
-        self._execute = executable.run if reentrant else _one_at_a_time(executable.run)
+        self._execute = executable.run if reentrant else _one_at_a_time(executable)
+        if any(s.index_range for s in inputs):  # generated code would clamp an index, torch raises
+            self._execute = _index_checked(inputs, self._execute)
 
     def __call__(self, *args: Any) -> Any:
         if self._plain(args):  # the common call, checked in one pass: a tenth of a small model's time
@@ -191,10 +194,24 @@ def _describe(spec: InputSpec) -> str:
     return f"{spec.name}: {spec.dtype.name}{list(spec.shape)}"
 
 
-def _one_at_a_time(run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Callable:
+def _index_checked(specs: list[InputSpec], run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Callable:
+    checks = [(k, s, *s.index_range) for k, s in enumerate(specs) if s.index_range]
+
+    def checked(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        for k, spec, low, high in checks:
+            a = arrays[k]
+            if a.size and (a.min() < low or a.max() >= high):
+                bad = a[(a < low) | (a >= high)].flat[0]
+                raise IndexError(f"input {k} ({spec.name}): index {bad} is out of range: this input indexes "
+                                 f"a dimension of size {high}, valid indices are {low} to {high - 1}")
+        return run(arrays)
+    return checked
+
+
+def _one_at_a_time(executable: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     lock = threading.Lock()
 
     def locked(arrays: list[np.ndarray]) -> list[np.ndarray]:
         with lock:
-            return run(arrays)
+            return executable.run(arrays)
     return locked
