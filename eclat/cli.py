@@ -2,9 +2,9 @@
 
     eclat compile examples/quickstart.py:make --target cpu -o mlp.eclat
     eclat run mlp.eclat --inputs x.npy -o out.npz
-    eclat inspect mlp.eclat [--json] [--html roofline.html] [--plot roofline.png]
+    eclat inspect mlp.eclat [--json] [--html roofline.html] [--measure]
     eclat autotune examples/quickstart.py examples/cnn.py --target cpu --db tuning.db
-    eclat db merge a.db b.db -o tuning.db
+    eclat db merge tuning-cpu.db tuning-opencl.db -o tuning.db
     eclat bench examples/quickstart.py:make --target cpu
     eclat devices
 
@@ -136,10 +136,19 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def inspect_data(path: str) -> dict[str, Any]:
-    """What `eclat inspect --json` prints: manifest summary, kernels, times, e-graph statistics."""
-    from eclat.compiler.artifact import artifact_bytes, read_artifact
+    """What `eclat inspect --json` prints: manifest summary, kernels, times, e-graph statistics. Only
+    the manifest is read: no code is loaded, so any artifact can be inspected anywhere."""
+    from eclat.compiler.artifact import Artifact
 
-    manifest, _ = read_artifact(path)
+    with Artifact(path) as art:
+        manifest, files = art.manifest, art.sizes()
+    try:
+        return _summary(path, manifest, files)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise Failure(f"{path} has a malformed manifest ({type(e).__name__}: {e})") from None
+
+
+def _summary(path: str, manifest: dict[str, Any], files: dict[str, int]) -> dict[str, Any]:
     report = manifest.get("report") or {}
     kernels = {k["name"]: k for k in manifest["program"]["kernels"]}
     rows = []
@@ -157,7 +166,7 @@ def inspect_data(path: str) -> dict[str, Any]:
         "kernels": rows, "estimated_us": round(sum(estimates), 3) if estimates else None,
         "egraph": report.get("egraph"), "candidates": report.get("candidates"),
         "memory": report.get("memory"), "compile_seconds": report.get("compile_seconds"),
-        "files": artifact_bytes(path),
+        "files": files, "measured_us": None,
     }
 
 
@@ -172,7 +181,8 @@ def _measure_artifact(path: str) -> float:
 
 def cmd_inspect(args: argparse.Namespace) -> None:
     data = inspect_data(args.artifact)
-    data["measured_us"] = round(_measure_artifact(args.artifact), 3)
+    if args.measure:
+        data["measured_us"] = round(_measure_artifact(args.artifact), 3)
     _fill_estimates(data)
     if args.json:
         print(json.dumps(data, indent=1, default=str))
@@ -182,16 +192,15 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         with open(args.html, "w") as f:
             f.write(roofline_html(data))
         print(f"wrote {args.html}")
-    if args.plot:
-        roofline_png(data, args.plot)
-        print(f"wrote {args.plot}")
 
 
 def _inspect_text(d: dict[str, Any]) -> str:
     dev = d["device"]
     built = d["built_on"]
+    where = (f"{built.get('cpu', '?')} ({built.get('triple', '?')})" if built.get("kind") == "cpu" else
+             built.get("name") or f"no {built.get('kind', 'such')} device (unmeasured)")
     lines = [f"{d['path']}: eclat artifact v{d['format_version']} (eclat {d['eclat_version']}), "
-             f"target {d['target']}, built on {built.get('cpu', '?')} ({built.get('triple', '?')})",
+             f"target {d['target']}, built on {where}",
              "inputs:  " + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in d["inputs"]),
              "outputs: " + ", ".join(f"{o['name']} {o['shape']}" for o in d["outputs"])]
     if dev.get("name"):
@@ -205,8 +214,9 @@ def _inspect_text(d: dict[str, Any]) -> str:
         lines.append(f"{k['name'][:22]:<22} {str(k.get('shape'))[:16]:<16} {sched[:34]:<34} "
                      f"{k['flops'] / 1e6:>8.3f} {k['bytes'] / 1e3:>8.1f} {_num(k.get('estimated_us')):>8} "
                      f"{_num(k.get('measured_us')):>8}")
-    lines.append(f"whole model: estimated {_num(d['estimated_us'])} us, measured {_num(d['measured_us'])} us "
-                 f"(median, this machine)")
+    measured = f"measured {_num(d['measured_us'])} us (median, this machine)" if d["measured_us"] else \
+        "not measured (--measure runs it here)"
+    lines.append(f"whole model: estimated {_num(d['estimated_us'])} us, {measured}")
     eg = d.get("egraph") or {}
     if eg.get("enodes") is not None:
         lines.append(f"e-graph: {eg['enodes']} e-nodes, {eg['eclasses']} e-classes, "
@@ -325,32 +335,6 @@ def roofline_html(data: dict[str, Any]) -> str:
             f"<th>estimated us</th><th>measured us</th></tr>{rows}</table></body></html>\n")
 
 
-def roofline_png(data: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise Failure("--plot needs matplotlib, which is not installed; --html writes the chart "
-                      "without it") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    dev = data["device"]
-    points = roofline_points(data)
-    peak, bw = dev.get("peak_gflops"), dev.get("peak_gbps")
-    if peak and bw:
-        xs = np.logspace(-2, 3, 200)
-        ax.plot(xs, np.minimum(peak, xs * bw), color="#c33", label=f"roof: {peak:.1f} GFLOP/s, {bw:.1f} GB/s")
-    for p in points:
-        ax.scatter(p["intensity"], p["gflops"], facecolors="#36c" if p["measured"] else "none",
-                   edgecolors="#36c")
-        ax.annotate(p["name"], (p["intensity"], p["gflops"]), fontsize=7)
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="GFLOP/s")
-    ax.legend(loc="lower right")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
 def cmd_autotune(args: argparse.Namespace) -> None:
     for spec in args.models:
         t = time.perf_counter()
@@ -412,10 +396,9 @@ def cmd_devices(args: argparse.Namespace) -> None:
 
 def _model_options(p: argparse.ArgumentParser, tune_default: str = "fast",
                    modes: Sequence[str] = MODES) -> None:
-    p.add_argument("--target", default="cpu", help="cpu, opencl, cuda or metal, optionally :index "
-                   "(default cpu)")
+    p.add_argument("--target", default="cpu", choices=TARGETS, help=f"{', '.join(TARGETS)} (default cpu)")
     p.add_argument("--autotune", choices=modes, default=tune_default,
-                   help=f"schedule search: none (defaults), fast or full (default {tune_default})")
+                   help=f"schedule search: {', '.join(modes)} (default {tune_default})")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per kernel (default 1)")
     p.add_argument("--candidates", type=int, default=None, metavar="K",
                    help="candidate programs extracted from the e-graph (default 8)")
@@ -451,11 +434,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_run)
 
     p = sub.add_parser("inspect", help="show an artifact's kernels, schedules and times",
-                       description="Kernels, schedules, estimated vs measured time, e-graph statistics.")
+                       description="Kernels, schedules, estimated (and with --measure, measured) time, "
+                       "e-graph statistics. Reads the manifest only: works anywhere, for any target.")
     p.add_argument("artifact")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--html", metavar="PATH", help="write a roofline chart as HTML with inline SVG")
-    p.add_argument("--plot", metavar="PATH", help="write a roofline chart as PNG (needs matplotlib)")
+    p.add_argument("--measure", action="store_true",
+                   help="also load and time the model here (needs the artifact's device)")
     p.set_defaults(run=cmd_inspect)
 
     p = sub.add_parser("autotune", help="tune models and record the schedules in a database",
@@ -491,9 +476,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # exits 2 on a usage error
-    if getattr(args, "target", "cpu").partition(":")[0] not in TARGETS:
-        build_parser().error(f"unknown target {args.target!r}: expected one of {', '.join(TARGETS)}")
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on a usage error
+    for written in ("output", "html"):  # before any work: a compile may take minutes
+        path = getattr(args, written, None)
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            parser.error(f"cannot write {path}: there is no folder {folder}")
     try:
         args.run(args)
     except KeyboardInterrupt:

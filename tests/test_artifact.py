@@ -133,10 +133,24 @@ def test_weights_read_only_packed_are_stored_once(saved):
     with zipfile.ZipFile(saved["path"]) as z:
         manifest = json.loads(z.read(MANIFEST))
         stored = set(st_load(z.read("weights.safetensors")))
-    unused = set(manifest["native"]["unused_weights"])
-    weights = {n for n, b in saved["compiled"].executable.program.buffers.items() if b.role == "weight"}
-    assert unused and unused <= weights and not unused & stored
-    assert stored == weights - unused and any(n.startswith("pack:") for n in stored)
+    exe = saved["compiled"].executable
+    weights = {n for n, b in exe.program.buffers.items() if b.role == "weight"}
+    packed_only = weights - exe.module.used
+    assert packed_only and "unused_weights" not in manifest["native"]  # derived at load, not listed
+    assert stored == weights & exe.module.used and any(n.startswith("pack:") for n in stored)
+
+
+def test_input_structure_and_index_ranges_are_kept(saved, tmp_path):
+    import dataclasses
+
+    c = saved["compiled"]
+    spec = dataclasses.replace(c.inputs[0], index_range=(-100, 100))
+    path = str(tmp_path / "dict.eclat")
+    eclat.CompiledModel(c.executable, [spec], c.out_spec, c.report(), [{"dict": [["x", None]]}]).save(path)
+    loaded = load_artifact(path)
+    assert loaded.inputs[0].index_range == (-100, 100)
+    out = loaded({"x": saved["x"]})  # called as the example was: a dict
+    np.testing.assert_allclose(out["logits"].numpy(), saved["want"][0], rtol=1e-4, atol=1e-5)
 
 
 def test_foreign_cpu_rebuilds_from_the_stored_ir(saved, tmp_path):
@@ -192,6 +206,9 @@ def test_missing_file_and_unsaveable_targets(tmp_path, saved):
 
     class Other:
         program = None
+
+        def run(self, inputs):
+            return []
     model = eclat.CompiledModel(Other(), [], None, {"target": "tpu"})
     with pytest.raises(ArtifactError, match="not supported yet"):
         save_artifact(model, str(tmp_path / "x.eclat"))

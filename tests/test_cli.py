@@ -28,6 +28,11 @@ def make():
 
 def broken():
     return "not a pair"
+
+
+def marked():
+    open(__file__ + ".called", "w").close()
+    return make()
 """
 FAST = ["--autotune", "none", "--candidates", "1", "--quiet"]
 
@@ -65,15 +70,32 @@ def test_inspect_table_json_and_html(work, capsys):
     assert main(["inspect", str(work["artifact"]), "--html", str(page)]) == 0
     text = capsys.readouterr().out
     assert "kernel" in text and "e-graph:" in text and "whole model: estimated" in text
+    assert "not measured (--measure runs it here)" in text
     html = page.read_text()
     assert "<svg" in html and "arithmetic intensity" in html and "GFLOP/s" in html
-    assert main(["inspect", str(work["artifact"]), "--json"]) == 0
+    assert main(["inspect", str(work["artifact"]), "--json", "--measure"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["target"] == "cpu" and data["inputs"][0]["shape"] == [2, 8]
     fields = {"flops", "bytes", "schedule", "estimated_us", "measured_us"}
     assert data["kernels"] and all(fields <= set(k) for k in data["kernels"])
     assert data["measured_us"] > 0 and data["egraph"]["enodes"] > 0
     assert set(data["files"]) == {"manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"}
+
+
+def test_inspect_reads_only_the_manifest(work, tmp_path, capsys):
+    """An artifact whose object code and weights are damaged is still inspected (nothing but the
+    manifest is read); running it is refused."""
+    import zipfile
+
+    damaged = tmp_path / "damaged.eclat"
+    with zipfile.ZipFile(work["artifact"]) as z, zipfile.ZipFile(damaged, "w") as out:
+        for name in z.namelist():
+            data = z.read(name)
+            out.writestr(name, data if name == "manifest.json" else b"\0" * len(data))
+    assert main(["inspect", str(damaged), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["target"] == "cpu"
+    assert main(["run", str(damaged), "--inputs", str(work["folder"] / "x.npy")]) == 1
+    assert "fails its checksum" in capsys.readouterr().err
 
 
 def test_db_merge(tmp_path, capsys):
@@ -132,10 +154,18 @@ def test_devices_lists_the_cpu(capsys):
 @pytest.mark.parametrize("argv,code,message", [
     (["compile", "missing.py:make", "-o", "x.eclat"], 1, "no such file"),
     (["run", "missing.eclat"], 1, "does not exist"),
-    (["db", "merge", "missing.db", "-o", "out.db"], 1, "does not exist"),
+    (["inspect", "missing.eclat"], 1, "does not exist"),
+    (["db", "merge", "missing.db", "-o", "out.db"], 1, "tuning database missing.db does not exist"),
     ([], 2, "COMMAND"),
     (["compile", "model.py"], 2, "--output"),
-    (["compile", "model.py", "-o", "x", "--target", "tpu"], 2, "unknown target"),
+    (["compile", "model.py", "-o", "x", "--target", "tpu"], 2, "invalid choice: 'tpu'"),
+    (["compile", "model.py", "-o", "x", "--target", "cpu:3"], 2, "invalid choice: 'cpu:3'"),
+    (["bench", "model.py", "--target", "opencl:0"], 2, "invalid choice: 'opencl:0'"),
+    (["autotune", "model.py", "--db", "t.db", "--autotune", "none"], 2, "invalid choice: 'none'"),
+    (["compile", "model.py", "-o", "no/such/folder/x.eclat"], 2, "there is no folder"),
+    (["run", "x.eclat", "-o", "no/such/folder/out.npz"], 2, "there is no folder"),
+    (["inspect", "x.eclat", "--html", "no/such/folder/r.html"], 2, "there is no folder"),
+    (["inspect", "x.eclat", "--plot", "r.png"], 2, "unrecognized arguments: --plot"),
     (["inspect", "x.eclat", "--frobnicate"], 2, "unrecognized"),
 ])
 def test_failures_exit_1_and_usage_errors_exit_2(tmp_path, monkeypatch, capsys, argv, code, message):
@@ -150,6 +180,46 @@ def test_failures_exit_1_and_usage_errors_exit_2(tmp_path, monkeypatch, capsys, 
     assert message in err
     if code == 1:
         assert err.count("\n") == 1 and err.startswith("eclat: error:")
+
+
+@pytest.mark.slow
+def test_a_tuned_artifact_holds_every_weight_its_code_reads(work, tmp_path, monkeypatch):
+    """Tuning builds the program again and again; the artifact must hold what the chosen code reads
+    (it once lacked a weight, and running it crashed: so it runs in a child process here)."""
+    monkeypatch.setenv("ECLAT_CACHE_DIR", str(tmp_path / "cache"))
+    artifact, out = tmp_path / "tuned.eclat", tmp_path / "out.npz"
+    assert main(["compile", work["spec"], "-o", str(artifact), "--autotune", "fast", "--candidates", "2",
+                 "--quiet"]) == 0
+    r = subprocess.run([sys.executable, "-m", "eclat.cli", "run", str(artifact), "--inputs",
+                        str(work["folder"] / "x.npy"), "-o", str(out)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(np.load(out)["output0"], work["want"], rtol=1e-4, atol=1e-5)
+
+
+def test_db_merge_of_a_missing_file_writes_nothing(tmp_path, capsys):
+    with TuningDB(tmp_path / "a.db") as db:
+        db.put(TuningKey.make("k0", [(4, 4)], "float32", "cpu", "dev"), {"tile": [4, 4]}, 5.0)
+    out = tmp_path / "out.db"
+    assert main(["db", "merge", str(tmp_path / "a.db"), str(tmp_path / "b.db"), "-o", str(out)]) == 1
+    assert f"tuning database {tmp_path / 'b.db'} does not exist" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_output_folder_that_does_not_exist_is_refused_before_compiling(work, capsys):
+    called = work["folder"] / "tiny.py.called"
+    with pytest.raises(SystemExit) as e:
+        main(["compile", f"{work['spec']}:marked", "-o", str(work["folder"] / "none" / "m.eclat"), *FAST])
+    assert e.value.code == 2 and not called.exists()  # the factory never ran
+    err = capsys.readouterr().err
+    assert f"there is no folder {work['folder'] / 'none'}" in err and ".tmp" not in err
+
+
+def test_autotune_help_lists_only_the_modes_it_takes(capsys):
+    with pytest.raises(SystemExit):
+        main(["autotune", "--help"])
+    text = capsys.readouterr().out
+    assert "{fast,full}" in text and "none" not in text
 
 
 def test_bad_factory_and_bad_inputs(work, capsys):
@@ -190,3 +260,8 @@ def test_cuda_artifact_without_a_cuda_device(work, tmp_path, capsys):
     assert "no CUDA device found" in capsys.readouterr().err
     code = main(["run", str(artifact), "--inputs", str(work["folder"] / "x.npy")])
     assert code == 1 and "no CUDA device found" in capsys.readouterr().err
+    assert main(["inspect", str(artifact)]) == 0  # reading needs no GPU
+    text = capsys.readouterr().out
+    assert "target cuda" in text and "k0" in text and "kernels.cu" in text
+    assert main(["inspect", str(artifact), "--measure"]) == 1  # running does
+    assert "no CUDA device found" in capsys.readouterr().err

@@ -2,8 +2,9 @@
 
     manifest.json        format and eclat versions, target, device fingerprint, the kernel
                          program (buffers, kernels as expression DAGs, schedules), the memory
-                         plan, input/output names, shapes and dtypes, output structure, report
-    weights.safetensors  every weight buffer (packed panels included), flat
+                         plan, input/output names, shapes and dtypes, output structure, report,
+                         a checksum per member
+    weights.safetensors  the weights the code reads (packed panels included), flat
     kernels.ll/.cl/.cu/.metal  the backend's kernel source (LLVM IR for the CPU, OpenCL C, CUDA, Metal)
     kernels.o            compiled object code where the backend has it (CPU: the host's)
 
@@ -15,24 +16,34 @@ CUDA or Metal artifact loads where its device is absent, and running it says why
 Loading imports neither torch nor egglog. Expression DAGs are stored as a node table:
 children before parents, a node's children referenced by their index, so shared subtrees
 are stored once.
+
+An artifact holds native code and is trusted as a shared library is. What loading checks is
+that the file is whole and agrees with itself, so that damage or a hand-edited manifest is
+refused before the first call rather than run out of bounds: members are read only when
+needed, each with a size cap and its checksum; every size the runtime allocates or binds
+(inputs, outputs, weights, the arena, the argument slots) is derived from the decoded
+program or checked against it. Code that disagrees with a consistent manifest is not caught.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import time
 import zipfile
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import numpy as np
 
 from ..errors import EclatError
 from ..ir.dtypes import DType
 from ..ir.symbolic import BinOp, Num, Var
-from .kernel import Buffer, Const, Gather, Index, Kernel, Load, Op, Program, Reduce, Schedule
+from .kernel import Buffer, Const, Gather, Index, Kernel, Load, Op, Program, Reduce, Schedule, Side, loads
 from .memplan import MemoryPlan
 from .model import CompiledModel, InputSpec
 
@@ -40,6 +51,12 @@ FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
 MANIFEST, WEIGHTS, SOURCE, OBJECT = "manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"
 SOURCE_CL, SOURCE_CU, SOURCE_METAL = "kernels.cl", "kernels.cu", "kernels.metal"
+# Most bytes a member may hold: far above what any model needs (a small LLM's manifest is a few
+# MB), low enough that a damaged or hostile header cannot make loading take the machine's memory.
+# The weights' cap is derived from the program instead (see _weight_limit).
+MANIFEST_LIMIT = 64 << 20
+CODE_LIMIT = 512 << 20
+MAX_NUMEL = 1 << 40  # elements in one buffer
 
 
 class ArtifactError(EclatError):
@@ -84,6 +101,13 @@ class _Encoder:
         return len(self.nodes) - 1
 
 
+def _earlier(nodes: list[Any], i: Any) -> Any:
+    """nodes[i] for a reference to an already decoded node (no negative or forward index)."""
+    if type(i) is not int or not 0 <= i < len(nodes):
+        raise ValueError(f"node reference {i!r} is not an earlier node")
+    return nodes[i]
+
+
 def decode_nodes(table: list[dict[str, Any]]) -> list[Any]:
     """The node table back to expression objects (index i is node i)."""
     out: list[Any] = []
@@ -93,7 +117,7 @@ def decode_nodes(table: list[dict[str, Any]]) -> list[Any]:
         for f in dataclasses.fields(cls):
             v = entry[f.name]
             if f.name in NODES[cls]:
-                v = tuple(out[i] for i in v) if isinstance(v, list) else out[v]
+                v = tuple(_earlier(out, i) for i in v) if isinstance(v, list) else _earlier(out, v)
             elif f.name == "dtype":
                 v = DType[v]
             kwargs[f.name] = v
@@ -104,7 +128,8 @@ def decode_nodes(table: list[dict[str, Any]]) -> list[Any]:
 def encode_program(program: Program) -> dict[str, Any]:
     enc = _Encoder()
     kernels = [{"name": k.name, "out": k.out, "shape": [int(n) for n in k.shape], "body": enc(k.body),
-                "schedule": dataclasses.asdict(k.schedule), "ops": list(k.ops)} for k in program.kernels]
+                "schedule": dataclasses.asdict(k.schedule), "ops": list(k.ops),
+                "sides": [{"out": s.out, "body": enc(s.body)} for s in k.sides]} for k in program.kernels]
     return {
         "buffers": [{"name": b.name, "numel": int(b.numel), "dtype": b.dtype.name, "role": b.role}
                     for b in program.buffers.values()],
@@ -120,54 +145,266 @@ def decode_program(data: dict[str, Any], weights: dict[str, np.ndarray]) -> Prog
     nodes = decode_nodes(data["nodes"])
     buffers = {b["name"]: Buffer(b["name"], b["numel"], DType[b["dtype"]], b["role"], weights.get(b["name"]))
                for b in data["buffers"]}
+    if len(buffers) != len(data["buffers"]):
+        raise ValueError("two buffers share a name")
+
     def schedule(d: dict[str, Any]) -> Schedule:
         return Schedule(**{f: tuple(v) if isinstance(v, list) else v for f, v in d.items()})
 
-    kernels = [Kernel(k["name"], k["out"], tuple(k["shape"]), nodes[k["body"]], schedule(k["schedule"]),
-                      list(k["ops"])) for k in data["kernels"]]
+    def kernel(k: dict[str, Any]) -> Kernel:
+        sides = tuple(Side(s["out"], _earlier(nodes, s["body"])) for s in k.get("sides", ()))
+        return Kernel(k["name"], k["out"], tuple(k["shape"]), _earlier(nodes, k["body"]),
+                      schedule(k["schedule"]), list(k["ops"]), sides)
+
+    kernels = [kernel(k) for k in data["kernels"]]
     return Program(buffers, kernels, list(data["inputs"]), list(data["outputs"]),
                    [tuple(s) for s in data["input_shapes"]], [tuple(s) for s in data["output_shapes"]])
+
+
+# --- a program checked against itself -----------------------------------------------------------
+
+def _is_shape(shape: Any) -> bool:
+    return isinstance(shape, (list, tuple)) and all(type(n) is int and n >= 0 for n in shape)
+
+
+def check_program(program: Program, specs: list[InputSpec], where: str) -> None:
+    """Refuse a program whose parts disagree (ArtifactError naming where and what): the runtime
+    allocates and binds by these sizes and dtypes while the compiled code uses its own, so each
+    is checked against the kernels that read or write the buffer."""
+    def refuse(problem: str) -> NoReturn:
+        raise ArtifactError(f"{where}: {problem}")
+
+    bufs = program.buffers
+    shapes = [*program.input_shapes, *program.output_shapes, *(k.shape for k in program.kernels),
+              *(s.shape for s in specs)]
+    if not all(_is_shape(s) for s in shapes):
+        refuse(f"{next(s for s in shapes if not _is_shape(s))!r} is not a shape")
+    for b in bufs.values():
+        if type(b.numel) is not int or not 0 <= b.numel <= MAX_NUMEL:
+            refuse(f"buffer {b.name!r} has {b.numel!r} elements")
+    for role, names, shapes in (("input", program.inputs, program.input_shapes),
+                                ("output", program.outputs, program.output_shapes)):
+        if len(names) != len(shapes):
+            refuse(f"{len(names)} {role}s but {len(shapes)} {role} shapes")
+        for name, shape in zip(names, shapes):
+            b = bufs.get(name)
+            if b is None or b.role != role:
+                refuse(f"{role} {name!r} is not an {role} buffer")
+            if math.prod(shape) != b.numel:
+                refuse(f"{role} {name!r} has shape {list(shape)} but {b.numel} elements")
+    for k in program.kernels:
+        out = bufs.get(k.out)
+        if out is None or out.role not in ("temp", "output"):
+            refuse(f"kernel {k.name!r} writes {k.out!r}, which is no temporary or output buffer")
+        if math.prod(k.shape) != out.numel or k.body.dtype is not out.dtype:
+            refuse(f"kernel {k.name!r} writes {k.body.dtype.name}{list(k.shape)} to {k.out!r}, "
+                   f"a {out.dtype.name} buffer of {out.numel} elements")
+        for s in k.sides:
+            if s.out not in bufs or bufs[s.out].role != "temp":
+                refuse(f"kernel {k.name!r} writes a row sum to {s.out!r}, which is no temporary buffer")
+        for x in [x for body in (k.body, *(s.body for s in k.sides)) for x in loads(body)]:
+            if x.buffer not in bufs:
+                refuse(f"kernel {k.name!r} reads {x.buffer!r}, which is no such buffer")
+            if bufs[x.buffer].dtype is not x.dtype:
+                refuse(f"kernel {k.name!r} reads {x.dtype.name} from {x.buffer!r}, a "
+                       f"{bufs[x.buffer].dtype.name} buffer")
+    if len(specs) != len(program.inputs):
+        refuse(f"{len(specs)} input specs for a program of {len(program.inputs)} inputs")
+    for spec, name, shape in zip(specs, program.inputs, program.input_shapes):
+        if tuple(spec.shape) != tuple(shape) or spec.dtype is not bufs[name].dtype:
+            refuse(f"input {spec.name!r} is declared {spec.dtype.name}{list(spec.shape)}, but the program "
+                   f"takes {bufs[name].dtype.name}{list(shape)}")
+
+
+def packed_copies(program: Program) -> set[str]:
+    """Weights the program also holds packed (the CPU backend packs a matmul's constant operand
+    into panels): the code may read only the packed copy, so their own data may be left out."""
+    from ..backends.cpu.codegen import PACKED
+
+    return {n.removeprefix(PACKED).rsplit("_", 2)[0] for n, b in program.buffers.items()
+            if n.startswith(PACKED) and b.role == "weight"}
+
+
+def cpu_layout(program: Program) -> tuple[MemoryPlan, list[str]]:
+    """The memory plan and the argument slots the CPU backend builds program's code with
+    (runtime.CpuExecutable, codegen.build_module): derived at load, never taken on trust."""
+    from dataclasses import replace
+
+    from ..backends.cpu.sides import fold_row_reductions
+    from .memplan import plan_memory
+
+    code = fold_row_reductions(replace(program, buffers=dict(program.buffers)))  # it adds side buffers
+    slots = [n for n, b in code.buffers.items() if b.role != "temp"] + ["<arena>"]
+    return plan_memory(code), slots
+
+
+def _plan_json(plan: MemoryPlan | None) -> dict[str, Any] | None:
+    return plan and dataclasses.asdict(plan)
+
+
+def _count_leaves(structure: Any) -> int:
+    """Arrays a call nested as structure (model.input_structure's form) passes: they must be as
+    many as the program's inputs, which CompiledModel takes on trust."""
+    if structure is None:
+        return 1
+    if isinstance(structure, list):
+        return sum(_count_leaves(s) for s in structure)
+    if "const" in structure:
+        return 0
+    return sum(_count_leaves(s) for _, s in structure["dict"])
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+class Artifact:
+    """An artifact file open for reading: its manifest, checked for format and version, and its
+    members, each read only when asked for, at most limit bytes and checked against its checksum."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise ArtifactError(f"artifact {self.path} " + ("is a folder" if os.path.isdir(self.path) else
+                                                            "does not exist"))
+        try:
+            self._zip = zipfile.ZipFile(self.path)
+        except OSError as e:
+            raise ArtifactError(f"artifact {self.path} cannot be read ({e.strerror or e})") from None
+        except Exception as e:  # not a zip, truncated
+            raise ArtifactError(f"{self.path} is truncated or corrupt ({type(e).__name__}: {e})") from None
+        try:
+            self.manifest = self._manifest()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Artifact:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._zip.close()
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes of each member, as the zip's directory states them."""
+        return {i.filename: i.file_size for i in self._zip.infolist()}
+
+    def has(self, name: str) -> bool:
+        return name in self._zip.NameToInfo
+
+    def read(self, name: str, limit: int) -> bytes:
+        """Member name, refused when larger than limit or when it fails its checksum."""
+        digest = self.manifest["sha256"].get(name)
+        if not isinstance(digest, str):
+            raise ArtifactError(f"{self.path} is corrupt: its manifest has no checksum for {name}")
+        data = self._read(name, limit)
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ArtifactError(f"{self.path} is corrupt: member {name} fails its checksum")
+        return data
+
+    def _read(self, name: str, limit: int) -> bytes:
+        info = self._zip.NameToInfo.get(name)
+        if info is None:
+            raise ArtifactError(f"{self.path} is corrupt: member {name} is missing")
+        # eclat writes only these; the others decompress without a bound on what one read yields
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ArtifactError(f"{self.path}: member {name} uses compression method {info.compress_type}, "
+                                f"which eclat does not write")
+        if info.file_size > limit:
+            raise ArtifactError(f"{self.path}: member {name} holds {info.file_size} bytes, more than the "
+                                f"{limit} it may")
+        try:
+            with self._zip.open(info) as f:
+                # no more than the size checked above is inflated, whatever the stream holds (zipfile
+                # stops at it and then finds the CRC wrong when the header lied)
+                return f.read(info.file_size)
+        except Exception as e:  # bad CRC, bad deflate stream (zlib.error), truncated file, ...
+            raise ArtifactError(f"{self.path} is truncated or corrupt ({name}: {type(e).__name__}: {e})") \
+                from None
+
+    def _manifest(self) -> dict[str, Any]:
+        if not self.has(MANIFEST):
+            raise ArtifactError(f"{self.path} is not an eclat artifact (no {MANIFEST})")
+        try:
+            manifest = json.loads(self._read(MANIFEST, MANIFEST_LIMIT))
+        except (ValueError, RecursionError) as e:  # not JSON, or nested beyond what json decodes
+            raise ArtifactError(f"{self.path} has a malformed manifest ({type(e).__name__}: {e})") from None
+        if not isinstance(manifest, dict):
+            raise ArtifactError(f"{self.path} has a malformed manifest")
+        if manifest.get("format") != FORMAT:
+            raise ArtifactError(f"{self.path} is not an eclat artifact "
+                                f"(manifest format {manifest.get('format')!r})")
+        version = manifest.get("format_version")
+        if type(version) is not int or version > FORMAT_VERSION:
+            raise ArtifactError(f"{self.path} has artifact format version {version!r}, written by eclat "
+                                f"{manifest.get('eclat_version')}; this eclat ({eclat_version()}) reads up "
+                                f"to version {FORMAT_VERSION}: upgrade eclat or recompile the model")
+        if not isinstance(manifest.get("sha256"), dict):
+            raise ArtifactError(f"{self.path} has a malformed manifest (no member checksums)")
+        return manifest
+
+
+def read_artifact(path: str | os.PathLike) -> dict[str, Any]:
+    """The checked manifest of an artifact; nothing else is read and no code is loaded."""
+    with Artifact(path) as art:
+        return art.manifest
 
 
 # --- saving ----------------------------------------------------------------------------------------
 
 def save_artifact(model: CompiledModel, path: str | os.PathLike) -> None:
-    """Write model to path (one zip file), atomically: a reader never sees half a file."""
-    exe = model.executable
+    """Write model to path (one zip file), atomically: a reader never sees half a file. Everything
+    stored is taken from the program the executable runs, so what is saved is what loads."""
+    exe, where = model.executable, os.fspath(path)
     program: Program | None = getattr(exe, "program", None)
     target = model.report().get("target", "cpu")
     kind = str(target).partition(":")[0]
     if kind not in CODECS or program is None:
         raise ArtifactError(f"saving artifacts for target {target!r} is not supported yet "
                             f"(supported: {', '.join(sorted(CODECS))})")
-    native, files = CODECS[kind][0](exe)
-    unused = set(native.get("unused_weights", ()))  # e.g. a weight the code reads only packed
-    weights = {name: np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1)
-               for name, b in program.buffers.items() if b.role == "weight" and name not in unused}
+    folder = os.path.dirname(os.path.abspath(where))
+    if not os.path.isdir(folder):
+        raise ArtifactError(f"cannot write {where}: there is no folder {folder}")
+    check_program(program, model.inputs, f"cannot save {where}")
+    native, files, reads = CODECS[kind][0](exe)
+    # the weights the code reads, and any the loader cannot do without (all but packed-only ones)
+    optional = packed_copies(program)
+    kept = [b for n, b in program.buffers.items() if b.role == "weight" and (n in reads or n not in optional)]
+    for b in kept:
+        if b.data is None:
+            raise ArtifactError(f"cannot save {where}: weight {b.name!r} has no data")
     from safetensors.numpy import save as st_save
 
+    weights = {b.name: np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1) for b in kept}
     files[WEIGHTS] = st_save(weights) if weights else b""
-    plan: MemoryPlan | None = getattr(exe, "plan", None)  # GPU executables keep their own buffers
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "eclat_version": eclat_version(),
         "created": time.time(), "target": target, "device": native["device"],
         "program": encode_program(program),
-        "memory_plan": plan and {"offsets": plan.offsets, "arena_bytes": plan.arena_bytes,
-                                 "naive_bytes": plan.naive_bytes},
+        "memory_plan": _plan_json(getattr(exe, "plan", None)),  # GPU executables keep their own buffers
         "native": native,
-        "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in model.inputs],
+        "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name,
+                    "index_range": getattr(s, "index_range", None)} for s in model.inputs],
+        "in_structure": getattr(model, "in_structure", None),
         "out_spec": _out_spec_text(model.out_spec),
         "report": model.report(),
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
     }
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    with zipfile.ZipFile(tmp, "w") as z:
-        z.writestr(MANIFEST, json.dumps(manifest, indent=1), zipfile.ZIP_DEFLATED)
-        for name, data in files.items():
-            # sources compress well; binaries are read in place
-            text = name in (SOURCE, SOURCE_CL, SOURCE_CU, SOURCE_METAL)
-            z.writestr(name, data, zipfile.ZIP_DEFLATED if text else zipfile.ZIP_STORED)
-    os.replace(tmp, path)
+    tmp = f"{where}.tmp{os.getpid()}"
+    try:
+        with zipfile.ZipFile(tmp, "w") as z:
+            z.writestr(MANIFEST, json.dumps(manifest, indent=1), zipfile.ZIP_DEFLATED)
+            for name, data in files.items():
+                # sources compress well; binaries are read in place
+                text = name in (SOURCE, SOURCE_CL, SOURCE_CU, SOURCE_METAL)
+                z.writestr(name, data, zipfile.ZIP_DEFLATED if text else zipfile.ZIP_STORED)
+        os.replace(tmp, where)
+    except OSError as e:
+        raise ArtifactError(f"cannot write {where}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _out_spec_text(spec: Any) -> str | None:
@@ -197,66 +434,88 @@ def eclat_version() -> str:
 
 # --- loading ---------------------------------------------------------------------------------------
 
-def read_artifact(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The checked manifest and the member files of an artifact (no code is loaded)."""
-    where = os.fspath(path)
-    if not os.path.isfile(where):
-        raise ArtifactError(f"artifact {where} does not exist")
-    try:
-        with zipfile.ZipFile(where) as z:
-            names = set(z.namelist())
-            if MANIFEST not in names:
-                raise ArtifactError(f"{where} is not an eclat artifact (no {MANIFEST})")
-            manifest = json.loads(z.read(MANIFEST))
-            files = {n: z.read(n) for n in names - {MANIFEST}}
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, KeyError) as e:
-        raise ArtifactError(f"{where} is truncated or corrupt ({type(e).__name__}: {e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{where} is not an eclat artifact (manifest format {manifest.get('format')!r})"
-                            if isinstance(manifest, dict) else f"{where} has a malformed manifest")
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ArtifactError(f"{where} has artifact format version {version!r}, written by eclat "
-                            f"{manifest.get('eclat_version')}; this eclat ({eclat_version()}) reads up to "
-                            f"version {FORMAT_VERSION}: upgrade eclat or recompile the model")
-    for name, digest in manifest.get("sha256", {}).items():
-        if name not in files or hashlib.sha256(files[name]).hexdigest() != digest:
-            raise ArtifactError(f"{where} is corrupt: member {name} is missing or fails its checksum")
-    return manifest, files
-
-
 def load_artifact(path: str | os.PathLike) -> CompiledModel:
-    """A runnable CompiledModel from an artifact; outputs are numpy arrays unless called with torch."""
+    """A runnable CompiledModel from an artifact; outputs are numpy arrays unless called with torch.
+    Any problem with the file is an ArtifactError naming it, raised before the first call."""
     start = time.perf_counter()
-    manifest, files = read_artifact(path)
-    target = manifest["target"]
-    kind = str(target).partition(":")[0]
-    if kind not in CODECS:
-        raise ArtifactError(f"{os.fspath(path)} was compiled for target {target!r}; this eclat can load "
-                            f"artifacts for {', '.join(sorted(CODECS))} only")
-    try:
-        from safetensors.numpy import load as st_load
+    with Artifact(path) as art:
+        manifest, where = art.manifest, art.path
+        target = manifest.get("target")
+        kind = str(target).partition(":")[0]
+        if kind not in CODECS:
+            raise ArtifactError(f"{where} was compiled for target {target!r}; this eclat can load "
+                                f"artifacts for {', '.join(sorted(CODECS))} only")
+        with _refused(where, "has a malformed manifest"):  # not a KeyError from deep inside
+            program = decode_program(manifest["program"], {})
+            specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]],
+                               _index_range(s.get("index_range"))) for s in manifest["inputs"]]
+            in_structure, out_spec = manifest.get("in_structure"), manifest.get("out_spec")
+            if in_structure is not None and _count_leaves(in_structure) != len(specs):
+                raise ArtifactError(f"{where}: its input structure passes {_count_leaves(in_structure)} "
+                                    f"arrays to a program of {len(specs)} inputs")
+            if out_spec is not None:
+                json.loads(out_spec)  # torch's pytree JSON, read when a call brings torch tensors
+            report = dict(manifest.get("report") or {})
+            check_program(program, specs, where)
+            _attach_weights(program, art)
+        with _refused(where, "cannot be loaded here"):
+            exe = CODECS[kind][1](program, manifest, art)
+    seconds = round(time.perf_counter() - start, 4)
+    report["artifact"] = {"path": where, "format_version": manifest["format_version"],
+                          "loaded_from": exe.loaded_from, "load_seconds": seconds}
+    return CompiledModel(exe, specs, out_spec, report, in_structure)
 
-        weights = st_load(files[WEIGHTS]) if files[WEIGHTS] else {}
-        program = decode_program(manifest["program"], weights)
-        unused = set(manifest["native"].get("unused_weights", ()))
-        missing = [n for n, b in program.buffers.items()
-                   if b.role == "weight" and b.data is None and n not in unused]
-        if missing:
-            raise ArtifactError(f"{os.fspath(path)} lacks the data of weights {missing[:3]}")
-        mp = manifest["memory_plan"]
-        plan = mp and MemoryPlan(dict(mp["offsets"]), mp["arena_bytes"], mp["naive_bytes"])
-        specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]]) for s in manifest["inputs"]]
+
+@contextlib.contextmanager
+def _refused(where: str, problem: str) -> Iterator[None]:
+    """Any failure inside as an ArtifactError naming where and problem."""
+    try:
+        yield
     except ArtifactError:
         raise
-    except Exception as e:  # a malformed manifest must not surface as a KeyError deep inside
-        raise ArtifactError(f"{os.fspath(path)} has a malformed manifest ({type(e).__name__}: {e})") from None
-    exe = CODECS[kind][1](program, plan, manifest, files, os.fspath(path))
-    report = dict(manifest.get("report") or {})
-    report["artifact"] = {"path": os.fspath(path), "format_version": manifest["format_version"],
-                          "loaded_from": exe.loaded_from,
-                          "load_seconds": round(time.perf_counter() - start, 4)}
-    return CompiledModel(exe, specs, manifest.get("out_spec"), report)
+    except MemoryError:
+        raise ArtifactError(f"{where} needs more memory than this process can have") from None
+    except Exception as e:
+        raise ArtifactError(f"{where} {problem} ({type(e).__name__}: {e})") from None
+
+
+def _index_range(r: Any) -> tuple[int, int] | None:
+    if r is None:
+        return None
+    low, high = r
+    if type(low) is not int or type(high) is not int:
+        raise ValueError(f"index range {r!r} is not two integers")
+    return low, high
+
+
+def _weight_limit(weights: list[Buffer]) -> int:
+    """Most bytes the weights member may hold: the data plus a generous safetensors header."""
+    return sum(b.nbytes + len(b.name.encode()) + 256 for b in weights) + 4096
+
+
+def _attach_weights(program: Program, art: Artifact) -> None:
+    """Each weight's data from the weights member, checked against its buffer; only a weight the
+    code reads through a packed copy may be absent (left without data, its slot never read)."""
+    from safetensors.numpy import load as st_load
+
+    weights = [b for b in program.buffers.values() if b.role == "weight"]
+    raw = art.read(WEIGHTS, _weight_limit(weights))
+    try:
+        stored = st_load(raw) if raw else {}
+    except Exception as e:
+        raise ArtifactError(f"{art.path}: {WEIGHTS} is malformed ({type(e).__name__}: {e})") from None
+    del raw
+    optional = packed_copies(program)
+    for b in weights:
+        data = stored.get(b.name)
+        if data is None:
+            if b.name in optional:
+                continue
+            raise ArtifactError(f"{art.path} lacks the data of weight {b.name!r}, which its code reads")
+        if data.dtype != b.dtype.np or data.size != b.numel:
+            raise ArtifactError(f"{art.path}: weight {b.name!r} holds {data.dtype}[{data.size}], but its "
+                                f"code reads {b.dtype.np}[{b.numel}]")
+        b.data = data.reshape(-1)
 
 
 # --- CPU: LLVM IR text and host object code ----------------------------------------------------------
@@ -275,60 +534,57 @@ def _cpu_host() -> dict[str, Any]:
     return host
 
 
-def _pack_cpu(exe: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+def _pack_cpu(exe: Any) -> tuple[dict[str, Any], dict[str, bytes], set[str]]:
     from ..backends.cpu.jit import target_machine
 
+    plan, slots = cpu_layout(exe.program)
+    if slots != list(exe.module.slot_names) or plan != exe.plan:
+        # what the loader will derive must be what this code was built with
+        raise ArtifactError("cannot save: the executable's memory plan or argument slots differ from its "
+                            "program's (an eclat bug; please report it)")
     source = str(exe.module.ir)
     obj = target_machine().emit_object(exe.jit.llvm_module)
-    unused = sorted(n for n, b in exe.program.buffers.items()
-                    if b.role == "weight" and n not in exe.module.used)
-    native = {"device": _cpu_host(), "slot_names": list(exe.module.slot_names),
-              "entry": "eclat_run", "unused_weights": unused}
-    return native, {SOURCE: source.encode(), OBJECT: bytes(obj)}
+    native = {"device": _cpu_host(), "slot_names": slots}
+    return native, {SOURCE: source.encode(), OBJECT: bytes(obj)}, set(exe.module.used)
 
 
 def _enabled(features: str) -> set[str]:
     return {f[1:] for f in features.split(",") if f.startswith("+")}
 
 
-def _native_program(program: Program, plan: MemoryPlan, slot_names: list[str], engine: Any, entry: str,
-                    loaded_from: str) -> Any:
-    """A loaded CPU program, run as the CPU backend runs its own (backends.cpu.runtime.NativeRun)."""
-    from ..backends.cpu.runtime import NativeRun
-
-    address = engine.get_function_address(entry)
-    if not address:
-        raise ArtifactError(f"the compiled code has no entry point {entry!r}")
-    native = NativeRun(program, plan, slot_names, address, owner=engine)
-    native.loaded_from = loaded_from
-    return native
-
-
-def _load_cpu(program: Program, plan: MemoryPlan, manifest: dict[str, Any], files: dict[str, bytes],
-              where: str) -> Any:
+def _load_cpu(program: Program, manifest: dict[str, Any], art: Artifact) -> Any:
     import llvmlite.binding as llvm
 
     from ..backends.cpu.jit import target_machine
+    from ..backends.cpu.runtime import NativeRun
 
-    native = manifest["native"]
+    plan, slots = cpu_layout(program)
+    if manifest["memory_plan"] != _plan_json(plan) or manifest["native"]["slot_names"] != slots:
+        raise ArtifactError(f"{art.path}: its memory plan or argument slots disagree with its program "
+                            f"(damaged or edited, or written by an eclat that plans differently: recompile)")
     host, built = _cpu_host(), manifest.get("device") or {}
     same_cpu = built.get("triple") == host["triple"] and _enabled(built.get("features", "")) <= _enabled(
         host["features"])
     engine, loaded_from = None, "object"
-    if same_cpu and OBJECT in files:
+    if same_cpu and art.has(OBJECT):
+        obj = art.read(OBJECT, CODE_LIMIT)
         try:
             engine = llvm.create_mcjit_compiler(_empty_module(), target_machine())
-            engine.add_object_file(llvm.ObjectFileRef.from_data(files[OBJECT]))
+            engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             engine.finalize_object()
         except Exception:  # an object this LLVM cannot link: rebuild from the IR below
             engine = None
     if engine is None:
-        if SOURCE not in files:
-            raise ArtifactError(f"{where} was compiled for another CPU ({built.get('cpu')}, "
+        if not art.has(SOURCE):
+            raise ArtifactError(f"{art.path} was compiled for another CPU ({built.get('cpu')}, "
                                 f"{built.get('triple')}) and holds no kernel source to rebuild from")
-        engine, loaded_from = _compile_source(files[SOURCE].decode(), where), "source"
-    return _native_program(program, plan, native["slot_names"], engine, native.get("entry", "eclat_run"),
-                           loaded_from)
+        engine, loaded_from = _compile_source(art.read(SOURCE, CODE_LIMIT).decode(), art.path), "source"
+    address = engine.get_function_address("eclat_run")
+    if not address:
+        raise ArtifactError(f"{art.path}: the compiled code has no entry point eclat_run")
+    native = NativeRun(program, plan, slots, address, owner=engine)
+    native.loaded_from = loaded_from
+    return native
 
 
 def _empty_module() -> Any:
@@ -370,7 +626,7 @@ GPU_SOURCES = {"opencl": (SOURCE_CL, "eclat.backends.opencl.runtime:OpenCLExecut
                "metal": (SOURCE_METAL, "eclat.backends.metal.runtime:MetalExecutable")}
 
 
-def _pack_gpu(exe: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
+def _pack_gpu(exe: Any) -> tuple[dict[str, Any], dict[str, bytes], set[str]]:
     kind = exe.rendered.dialect
     schedules = {k.name: dataclasses.asdict(k.schedule) for k in exe.rendered.kernels}
     launches = {k.name: {"groups": k.groups, "threads": k.threads, "args": list(k.args)}
@@ -380,11 +636,10 @@ def _pack_gpu(exe: Any) -> tuple[dict[str, Any], dict[str, bytes]]:
     if queue is not None:  # OpenCL: the device it was built and tuned on
         device.update(name=queue.device.name.strip(), platform=queue.device.platform.name.strip())
     native = {"device": device, "schedules": schedules, "launches": launches}
-    return native, {GPU_SOURCES[kind][0]: exe.rendered.source.encode()}
+    return native, {GPU_SOURCES[kind][0]: exe.rendered.source.encode()}, set(exe.program.buffers)
 
 
-def _load_gpu(program: Program, plan: MemoryPlan | None, manifest: dict[str, Any], files: dict[str, bytes],
-              where: str) -> Any:
+def _load_gpu(program: Program, manifest: dict[str, Any], art: Artifact) -> Any:
     """Render the stored schedules again (the driver compiles them); where the target's device is
     absent, an executable whose run says so."""
     from importlib import import_module
@@ -402,22 +657,16 @@ def _load_gpu(program: Program, plan: MemoryPlan | None, manifest: dict[str, Any
     else:
         module, _, cls = made_by.partition(":")
         exe = getattr(import_module(module), cls)(program, schedules)
-    if exe.rendered.source.encode() != files.get(member):
-        raise ArtifactError(f"{where}: this eclat renders the stored kernels differently from the eclat "
+    if exe.rendered.source.encode() != art.read(member, CODE_LIMIT):
+        raise ArtifactError(f"{art.path}: this eclat renders the stored kernels differently from the eclat "
                             f"that wrote it ({manifest.get('eclat_version')}); recompile the model")
     exe.loaded_from = "source"
     return exe
 
 
-# target kind -> (pack: executable -> (native manifest part, files), load)
+# target kind -> (pack: executable -> (native manifest part, files, buffers its code reads), load)
 CODECS = {"cpu": (_pack_cpu, _load_cpu), **{kind: (_pack_gpu, _load_gpu) for kind in GPU_SOURCES}}
 
 
-def artifact_bytes(path: str | os.PathLike) -> dict[str, int]:
-    """Size of each member of an artifact (for `eclat inspect`)."""
-    with zipfile.ZipFile(path) as z:
-        return {i.filename: i.file_size for i in z.infolist()}
-
-
-__all__ = ["ArtifactError", "FORMAT_VERSION", "artifact_bytes", "decode_program", "encode_program",
+__all__ = ["Artifact", "ArtifactError", "FORMAT_VERSION", "check_program", "decode_program", "encode_program",
            "load_artifact", "read_artifact", "save_artifact"]
