@@ -527,7 +527,8 @@ class _Emitter:
                 return f"{m['fmod']}({a[0]}, {a[1]})"
             if dt is DType.bool:
                 return "false"
-            return f"({a[1]} == 0 ? ({self.reg_type(dt)})0 : {a[0]} % {a[1]})"
+            # 0 where the divisor is 0, as the interpreter; INT_MIN % -1 is undefined in C (a trap)
+            return f"((({a[1]} == 0) | ({a[1]} == -1)) ? ({self.reg_type(dt)})0 : {a[0]} % {a[1]})"
         if op in ("add", "mul", "max"):
             return self.combine(op, a[0], a[1], dt)
         raise EclatError(f"kernel {self.k.name}: the GPU renderer has no lowering for op {op!r}")

@@ -26,6 +26,8 @@ TORCH_DTYPES = {torch.float32: DType.float32, torch.float16: DType.float16,
                 torch.bfloat16: DType.bfloat16, torch.int32: DType.int32, torch.int64: DType.int64,
                 torch.bool: DType.bool}
 
+INT_MAX = 2**31 - 1  # sizes and bounds stay within int32
+
 
 def ir_dtype(dtype: torch.dtype, what: str = "tensor") -> DType:
     if dtype not in TORCH_DTYPES:
@@ -63,7 +65,7 @@ def _from_sympy(e: sympy.Expr, symbols: dict[str, Var]) -> sint:
         return int(e)
     if e.is_Symbol:
         if e.name not in symbols:
-            symbols[e.name] = Var(e.name, 0, 2**31 - 1)
+            symbols[e.name] = Var(e.name, 0, INT_MAX)
         return symbols[e.name]
     args = [to_expr(_from_sympy(a, symbols)) for a in e.args]
     name = type(e).__name__
@@ -103,12 +105,13 @@ def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any = 
         raise ExportError(f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}") from e
 
 
-def _bound(upper: Any) -> int:
-    """An export range's upper end as an int; torch spells "unbounded" several ways (oo, int_oo)."""
-    try:
-        return min(int(upper), 2**31 - 1)
-    except (OverflowError, TypeError, ValueError):
-        return 2**31 - 1
+def _bound(end: Any, unbounded: int) -> int:
+    """An export range's end as an int within int32, `unbounded` where it has none. torch spells
+    "no bound" as sympy's oo or its own int_oo, which int() does not take (int_oo raises
+    AttributeError from sympy), so only a true integer is converted."""
+    if isinstance(end, int) or getattr(end, "is_Integer", False):
+        return max(-INT_MAX - 1, min(int(end), INT_MAX))
+    return unbounded
 
 
 def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any = None) -> Graph:
@@ -121,7 +124,7 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
     weights: dict[str, np.ndarray] = {}
     ctx = Ctx(weights)
     for name, r in ep.range_constraints.items():
-        ctx.symbols[str(name)] = Var(str(name), int(r.lower), _bound(r.upper))
+        ctx.symbols[str(name)] = Var(str(name), _bound(r.lower, -INT_MAX - 1), _bound(r.upper, INT_MAX))
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []

@@ -69,8 +69,8 @@ def _div(ctx: Ctx, a: Value, b: Value, rounding_mode: str | None = None) -> Node
         return _out(ctx, P.div(a, b))
     dtype = ctx.out_dtype
     if dtype.is_float:
-        q = P.div(a, b)
-        return _out(ctx, P.trunc(q) if rounding_mode == "trunc" else P.floor(q))
+        q = P.trunc(P.div(a, b)) if rounding_mode == "trunc" else P.floor_div(a, b)
+        return _out(ctx, q)
     shape = ctx.out_shape
     return P.int_div(P.lift(a, dtype, shape), P.lift(b, dtype, shape), rounding_mode)
 
@@ -235,7 +235,8 @@ def _arg_extreme(x: Node, dim: int | None, keepdim: bool, largest: bool) -> Node
     best = (P.reduce("max_reduce", x, [axis], True) if largest else _min_reduce(x, [axis], True))
     n = x.shape[axis]
     idx = g.expand_to(P.reshape(g.iota(n, DType.int64), (n,) + (1,) * (len(x.shape) - axis - 1)), x.shape)
-    cand = P.where(P.eq(x, best), idx, P.lift(P.size_node(n), DType.int64))
+    # a row with a NaN has NaN for its max and min, and torch answers that NaN's index
+    cand = P.where(P.same(x, best), idx, P.lift(P.size_node(n), DType.int64))
     return _min_reduce(cand, [axis], keepdim)
 
 
@@ -347,7 +348,7 @@ def _cumsum(ctx: Ctx, x: Node, dim: int, *, dtype: Any = None) -> Node:
 def _ranked(x: Node, dim: int, count: sint | None, descending: bool) -> tuple[Node, Node]:
     """The first `count` (all when None) elements of x along dim in sorted order, and their
     indices: each element's rank is how many others come before it (ties keep index order),
-    and output k picks the element of rank k. NaNs are not ordered as torch orders them."""
+    and output k picks the element of rank k. NaN ranks above +inf and ties with NaN, as in torch."""
     nd = len(x.shape)
     axis = _axis(dim, nd)
     order = [k for k in range(nd) if k != axis] + [axis]
@@ -359,8 +360,8 @@ def _ranked(x: Node, dim: int, count: sint | None, descending: bool) -> tuple[No
     xj = g.expand_to(P.reshape(last, (*lead, 1, n)), square)
     i = g.expand_to(P.reshape(g.iota(n, DType.int64), (n, 1)), square)
     j = g.expand_to(g.iota(n, DType.int64), square)
-    ahead = P.lt(xi, xj) if descending else P.lt(xj, xi)
-    before = P.logical_or(ahead, P.logical_and(P.eq(xj, xi), P.lt(j, i)))
+    ahead = P.before(xi, xj) if descending else P.before(xj, xi)
+    before = P.logical_or(ahead, P.logical_and(P.same(xj, xi), P.lt(j, i)))
     rank = g.reduce("sum", g.cast(before, DType.int64), len(square) - 1)  # [..., i]
     k = n if count is None else count
     pick = (*lead, k, n)  # [..., k, i]

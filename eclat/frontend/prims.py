@@ -266,6 +266,29 @@ def eq(a: Value, b: Value) -> Node: return _ordered(logical_not(logical_or(lt(a,
 def ne(a: Value, b: Value) -> Node: return logical_not(eq(a, b))
 
 
+def same(a: Value, b: Value) -> Node:
+    """a == b with NaN equal to NaN: the ties when torch ranks values (argmax, sort, topk)."""
+    a, b = _promoted(a, b)
+    raw = logical_not(logical_or(lt(a, b), lt(b, a)))  # True where either is NaN
+    if not a.dtype.is_float:
+        return raw
+    na, nb = isnan(a), isnan(b)
+    return where(na, nb, where(nb, False, raw))
+
+
+def before(a: Value, b: Value) -> Node:
+    """a < b in torch's ranking order, where NaN comes after every number (+inf included)."""
+    a, b = _promoted(a, b)
+    if not a.dtype.is_float:
+        return lt(a, b)
+    return where(isnan(b), logical_not(isnan(a)), lt(a, b))
+
+
+def _promoted(a: Value, b: Value) -> tuple[Node, Node]:
+    dtype = promote(a, b)
+    return lift(a, dtype), lift(b, dtype)
+
+
 # --- rounding ------------------------------------------------------------------------------
 
 def trunc(x: Node) -> Node:
@@ -281,15 +304,45 @@ def floor(x: Node) -> Node:
 
 
 def int_div(a: Node, b: Node, mode: str) -> Node:
-    """Integer a / b rounded toward zero ("trunc") or down ("floor"), in integers."""
-    r = elementwise("mod", a, b)  # C remainder: a - r is an exact multiple of b
-    exact = div(sub(a, r), b)  # an integer in float, off by rounding only: round half away from zero
-    t = g.cast(add(exact, where(lt(exact, 0.0), -0.5, 0.5)), a.dtype)
+    """Integer a / b rounded toward zero ("trunc") or down ("floor"), exactly; 0 where b is 0
+    (torch raises ZeroDivisionError, which a kernel cannot). The IR has no integer division,
+    so the quotient of the exact multiple a - a % b is estimated in float32 and refined: the
+    leftover m - q * b is exact in integers, and each division of it gains ~20 bits."""
+    zero = eq(b, 0)
+    b = where(zero, lift(1, b.dtype), b)
+    r = elementwise("mod", a, b)  # C remainder: m is an exact multiple of b
+    m = sub(a, r)
+    inv = recip(to_float(b))
+    q = _nearest_int(mul(to_float(m), inv), a.dtype)
+    for _ in range(1 if a.dtype is DType.int32 else 3):  # int32 needs 31 bits, int64 63
+        q = add(q, _nearest_int(mul(to_float(sub(m, mul(q, b))), inv), a.dtype))
     if mode == "floor":
         # C truncation rounds up for negative non-exact quotients
         fix = logical_and(ne(r, 0), ne(lt(r, 0), lt(b, 0)))
-        t = where(fix, sub(t, 1), t)
-    return t
+        q = where(fix, sub(q, 1), q)
+    return where(zero, lift(0, q.dtype), q)
+
+
+def _nearest_int(x: Node, dtype: DType) -> Node:
+    """The integer nearest float x as dtype, through int64, where 2**63 wraps to -2**63 as
+    integer arithmetic does (INT64_MIN // -1); int32 wraps in the narrowing cast."""
+    x = add(x, where(lt(x, 0.0), -0.5, 0.5))
+    x = where(lt(x, 2.0**63), x, -(2.0**63))
+    return g.cast(g.cast(x, DType.int64), dtype)
+
+
+def floor_div(a: Value, b: Value) -> Node:
+    """Float a // b as torch computes it: (a - fmod(a, b)) / b, stepped down where fmod has
+    the wrong sign and rounded to the integer it approximates, so 1.0 // 0.1 is 9 (fmod is
+    0.09999999), not floor(10.0); a / b where b is 0. (torch also gives a zero quotient the
+    sign of a / b; eclat keeps no sign of zero, its CPU code compiles with nsz.)"""
+    a, b = float_pair(a, b)
+    mod = g.binary("mod", a, b)
+    q = div(sub(a, mod), b)
+    q = where(logical_and(ne(mod, 0.0), ne(lt(b, 0.0), lt(mod, 0.0))), sub(q, 1.0), q)
+    f = floor(q)
+    f = where(lt(0.5, sub(q, f)), add(f, 1.0), f)
+    return where(eq(b, 0.0), div(a, b), f)
 
 
 def remainder(a: Value, b: Value) -> Node:

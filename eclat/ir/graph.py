@@ -57,6 +57,13 @@ def _float_op(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarra
     return run
 
 
+def _arith(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
+    def run(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):  # inf - inf, 0 * inf and integer wrap-around are meant
+            return fn(a, b).astype(node.dtype.np)
+    return run
+
+
 def _mod(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # C semantics (sign of the dividend), as every backend's native remainder
     with np.errstate(all="ignore"):
@@ -82,8 +89,8 @@ for _name, _kind, _fn in [
     ("recip", "unary", _float_op(np.reciprocal)),
     ("neg", "unary", lambda node, x: np.negative(x)),
     ("cast", "unary", _cast),
-    ("add", "binary", lambda node, a, b: np.add(a, b).astype(node.dtype.np)),
-    ("mul", "binary", lambda node, a, b: np.multiply(a, b).astype(node.dtype.np)),
+    ("add", "binary", _arith(np.add)),
+    ("mul", "binary", _arith(np.multiply)),
     ("mod", "binary", _mod),
     ("lt", "binary", lambda node, a, b: np.less(a, b)),
     ("max", "binary", lambda node, a, b: np.maximum(a, b)),

@@ -916,9 +916,10 @@ def binary(b: ir.IRBuilder, op: str, args: list[ir.Value], dt: DType) -> ir.Valu
         if op == "max":
             return b.select(b.icmp_signed(">", x, y), x, y)
         if op == "mod":  # C remainder; 0 where the divisor is 0, as the interpreter
-            zero_div = b.icmp_signed("==", y, ir.Constant(y.type, 0))
-            safe = b.select(zero_div, ir.Constant(y.type, 1), y)
-            return b.select(zero_div, ir.Constant(y.type, 0), b.srem(x, safe))
+            # x % 1 is that 0, and the x % -1 it stands for: srem traps (SIGFPE) on 0 and on
+            # INT_MIN % -1; y in {-1, 0} is y + 1 <= 1 unsigned
+            trap = b.icmp_unsigned("<=", b.add(y, ir.Constant(y.type, 1)), ir.Constant(y.type, 1))
+            return b.srem(x, b.select(trap, ir.Constant(y.type, 1), y))
     raise NotImplementedError(f"binary op {op} on {dt.short}")
 
 

@@ -1,0 +1,185 @@
+"""Edge semantics against torch (issue 14): NaN, +-inf and ties in the ops that rank values
+(argmax/argmin, max/min along a dim, sort, topk, amax/amin, clamp), integer division (//, %,
+fmod, trunc division, true division) with negative, large and zero operands, float //, and
+export ranges without an upper end (int_oo).
+
+Each model is compiled once per target (autotune="none", k=1) and also run through the numpy
+interpreter of its lowered graph. Values are compared exactly, NaN equal to NaN; true division
+is x * (1 / y) in eclat, within an ulp of torch's x / y.
+
+What eclat does where torch has no answer to copy: an integer division by zero gives 0 for
+//, %, fmod and trunc division (torch raises ZeroDivisionError; a kernel cannot raise), and
+INT_MIN // -1 wraps to INT_MIN as two's complement arithmetic does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy
+import torch
+from torch.utils._sympy.numbers import int_oo
+
+import eclat
+from eclat.frontend import lower
+from eclat.frontend.lower import _bound
+from eclat.ir.interpreter import run
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _opencl_param() -> pytest.param:
+    try:
+        from eclat.backends.opencl.runtime import context
+
+        context()
+        missing = None
+    except Exception as e:  # no pyopencl, ICD or platform
+        missing = f"no OpenCL device ({type(e).__name__})"
+    return pytest.param("opencl", marks=pytest.mark.skipif(missing is not None, reason=str(missing)))
+
+
+TARGETS = ["interpreter", "cpu", _opencl_param()]
+
+
+def _outputs(model: torch.nn.Module, inputs: tuple, target: str) -> list[np.ndarray]:
+    if target == "interpreter":
+        return [np.asarray(o) for o in run(lower(model, inputs), [x.numpy() for x in inputs])]
+    out = eclat.compile(model, inputs, target=target, autotune="none", k=1, quiet=True)(*inputs)
+    return [o.numpy() for o in torch.utils._pytree.tree_leaves(out)]
+
+
+def _assert_same(got: list[np.ndarray], want: list[np.ndarray], names: list[str]) -> None:
+    assert len(got) == len(want)
+    for name, g, w in zip(names, got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, f"{name}: {g.dtype}{g.shape} vs {w.dtype}{w.shape}"
+        np.testing.assert_array_equal(g, w, err_msg=name)  # NaN equals NaN here
+
+
+# --- NaN, infinities and ties where values are ranked -------------------------------------------
+
+# NaN first, last, twice and everywhere; +-inf beside NaN; ties (the first index wins)
+ROWS = torch.tensor([[0.5, NAN, 3, -1, 2, 0],
+                     [1, 2, 3, 4, 5, NAN],
+                     [INF, NAN, -INF, NAN, 1, INF],
+                     [2, -INF, 2, INF, -INF, INF],
+                     [NAN, NAN, NAN, NAN, NAN, NAN],
+                     [3, 1, 3, -2, 1, -2]])
+
+
+class Ranked(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple:
+        mx, mn = x.max(1), x.min(1, keepdim=True)
+        return (x.argmax(1), x.argmin(1), x.argmax(), x.argmin(dim=None, keepdim=True), x.argmax(0),
+                mx.values, mx.indices, mn.values, mn.indices, x.max(), x.min(), x.amax(1), x.amin(0),
+                *x.sort(dim=1, stable=True), *x.sort(dim=1, stable=True, descending=True),
+                *x.sort(1), *x.topk(3, 1), *x.topk(4, 1, largest=False),
+                x.clamp(-1, 1), torch.maximum(x, x.flip(1)), torch.minimum(x, x.flip(1)))
+
+
+RANKED = ["argmax", "argmin", "argmax-all", "argmin-all-keepdim", "argmax-dim0", "max", "max-idx",
+          "min", "min-idx", "max-all", "min-all", "amax", "amin", "sort", "sort-idx", "sort-desc",
+          "sort-desc-idx", "sort-unstable", "sort-unstable-idx", "topk", "topk-idx", "topk-smallest",
+          "topk-smallest-idx", "clamp", "maximum", "minimum"]
+
+
+def _ranked_reference(x: torch.Tensor) -> list[np.ndarray]:
+    """torch's outputs, except that where torch leaves the order of ties open (sort without
+    stable=True, topk) the indices are those of its stable sort, the order eclat keeps."""
+    want = [o.numpy() for o in Ranked()(x)]
+    asc, desc = (x.sort(dim=1, stable=True, descending=d).indices.numpy() for d in (False, True))
+    want[RANKED.index("sort-unstable-idx")] = asc
+    want[RANKED.index("topk-idx")] = desc[:, :3]
+    want[RANKED.index("topk-smallest-idx")] = asc[:, :4]
+    return want
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_nan_inf_and_ties_rank_as_in_torch(target: str) -> None:
+    _assert_same(_outputs(Ranked(), (ROWS,), target), _ranked_reference(ROWS), RANKED)
+
+
+def test_issue_rows() -> None:
+    """The rows of the report, in the interpreter."""
+    x = ROWS[:2].contiguous()
+    got = dict(zip(RANKED, _outputs(Ranked(), (x,), "interpreter")))
+    assert got["argmax"].tolist() == [1, 5] and got["argmin"].tolist() == [1, 5]
+    np.testing.assert_array_equal(got["sort"], [[-1, 0, 0.5, 2, 3, NAN], [1, 2, 3, 4, 5, NAN]])
+    np.testing.assert_array_equal(got["sort-idx"], [[3, 5, 0, 4, 2, 1], [0, 1, 2, 3, 4, 5]])
+    np.testing.assert_array_equal(got["topk"], [[NAN, 3, 2], [NAN, 5, 4]])
+    np.testing.assert_array_equal(got["topk-idx"], [[1, 2, 4], [5, 4, 3]])
+
+
+# --- integer division ---------------------------------------------------------------------------
+
+class Division(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        return (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc"), a / b,
+                a // 3, a % -3, torch.fmod(a, -3), a // -2, a / 3)
+
+
+DIVISION = ["floordiv", "remainder", "fmod", "truncdiv", "truediv",
+            "floordiv-3", "remainder-neg3", "fmod-neg3", "floordiv-neg2", "truediv-3"]
+
+
+def _operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sign pair, exact and inexact quotients, operands beyond float32's 24 bits."""
+    big = torch.iinfo(dtype).max
+    a = [7, -7, 7, -7, 6, -6, 0, 5, 123456789, -123456789, 2**24 + 1, big, -big, big, 1 << 30]
+    b = [2, 2, -2, -2, 3, -3, 3, -3, 7, 7, 3, 7, 9, big - 1, -3]
+    return torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype)
+
+
+def _assert_division(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    """Exact, but for true division: x * (1 / y), within an ulp of torch's x / y."""
+    for name, g, w in zip(DIVISION, got, want):
+        if name.startswith("truediv"):
+            assert g.dtype == w.dtype == np.float32, name
+            np.testing.assert_allclose(g, w, rtol=2.4e-7, atol=0, err_msg=name)
+        else:
+            _assert_same([g], [w], [name])
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("target", TARGETS)
+def test_integer_division_matches_torch(target: str, dtype: torch.dtype) -> None:
+    a, b = _operands(dtype)
+    _assert_division(_outputs(Division(), (a, b), target), [o.numpy() for o in Division()(a, b)])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_integer_division_by_zero_and_overflow(target: str) -> None:
+    """torch raises for an integer division by zero (and INT_MIN // -1 may trap in it): eclat
+    gives 0 there, INT_MIN for INT_MIN // -1, and true division IEEE's inf and NaN."""
+    lo = torch.iinfo(torch.int32).min
+    a = torch.tensor([5, -5, 0, lo, lo, lo + 1], dtype=torch.int32)
+    b = torch.tensor([0, 0, 0, -1, 1, -1], dtype=torch.int32)
+    got = dict(zip(DIVISION, _outputs(Division(), (a, b), target)))
+    assert got["floordiv"].tolist() == got["truncdiv"].tolist() == [0, 0, 0, lo, lo, -lo - 1]
+    assert got["remainder"].tolist() == got["fmod"].tolist() == [0] * 6
+    np.testing.assert_array_equal(got["truediv"][:3], [INF, -INF, NAN])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_float_floor_division_matches_torch(target: str) -> None:
+    """torch's float // is (a - fmod(a, b)) / b rounded, so 1.0 // 0.1 is 9, not floor(10.0)."""
+    a = torch.tensor([1.0, -1.0, 7.5, -7.5, 5.0, 0.3, INF, 3.0, NAN, 2.0, -2.0, 1.0, -1.0, 0.25])
+    b = torch.tensor([0.1, 0.1, 2.0, 2.0, -0.5, 0.1, 2.0, INF, 1.0, 0.0, 0.0, -3.0, 3.0, 0.5])
+    _assert_division(_outputs(Division(), (a, b), target), [o.numpy() for o in Division()(a, b)])
+
+
+# --- unbounded symbolic sizes ---------------------------------------------------------------------
+
+def test_unbounded_dynamic_dim_lowers() -> None:
+    """A Dim without max has int_oo for its upper end, which int() cannot take (AttributeError)."""
+    a, b = _operands(torch.int64)
+    n = torch.export.Dim("n")
+    graph = lower(Division(), (a[:4], b[:4]), dynamic_shapes=({0: n}, {0: n}))
+    want = [o.numpy() for o in Division()(a, b)]
+    _assert_division([np.asarray(o) for o in run(graph, [a.numpy(), b.numpy()])], want)
+
+
+@pytest.mark.parametrize("end, unbounded, expected", [
+    (int_oo, 2**31 - 1, 2**31 - 1), (-int_oo, -2**31, -2**31), (sympy.oo, 2**31 - 1, 2**31 - 1),
+    (sympy.Integer(7), 0, 7), (5, 0, 5), (2**40, 0, 2**31 - 1)])
+def test_export_range_ends(end, unbounded: int, expected: int) -> None:
+    assert _bound(end, unbounded) == expected
