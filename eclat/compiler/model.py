@@ -22,14 +22,6 @@ class InputSpec:
     index_range: tuple[int, int] | None = None  # [low, high): an input used to index checks its values
 
 
-def _flatten(args: Any) -> list[Any]:
-    if isinstance(args, (list, tuple)):
-        return [leaf for a in args for leaf in _flatten(a)]
-    if isinstance(args, dict):
-        return [leaf for a in args.values() for leaf in _flatten(a)]
-    return [args]
-
-
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
@@ -118,7 +110,10 @@ class CompiledModel:
         if len(args) != len(self.in_structure):
             raise ValueError(f"expected {len(self.in_structure)} arguments, given {len(args)}; the inputs "
                              f"are {', '.join(_describe(s) for s in self.inputs)}")
-        return _leaves(args, self.in_structure, "arguments")
+        leaves = _leaves(args, self.in_structure, "arguments")
+        if len(leaves) != len(self.inputs):  # a structure that disagrees with the program: never run it
+            raise ValueError(f"the arguments hold {len(leaves)} tensors; the program {len(self.inputs)}")
+        return leaves
 
     def _as_torch(self, outs: list[np.ndarray]) -> Any:
         """outs as tensors, in the model's own output structure."""
