@@ -112,7 +112,8 @@ class CompiledModel:
                              f"are {', '.join(_describe(s) for s in self.inputs)}")
         leaves = _leaves(args, self.in_structure, "arguments")
         if len(leaves) != len(self.inputs):  # a structure that disagrees with the program: never run it
-            raise ValueError(f"the arguments hold {len(leaves)} tensors; the program {len(self.inputs)}")
+            want = len(self.inputs)
+            raise ValueError(f"the arguments hold {len(leaves)} tensors, not the program's {want}")
         return leaves
 
     def _as_torch(self, outs: list[np.ndarray]) -> Any:
