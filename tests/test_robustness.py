@@ -199,3 +199,47 @@ def test_opencl_calls_from_several_threads_take_turns():
     for w in workers:
         w.join()
     assert len(errors) == 80 and max(errors) < 1e-4
+
+
+class Rows(torch.nn.Module):
+    """A table read four ways: t[i] (negatives wrap), index_select, gather, an embedding."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.table = torch.nn.Parameter(torch.arange(40.0).reshape(10, 4))
+
+    def forward(self, i: torch.Tensor) -> torch.Tensor:
+        return {"getitem": lambda: self.table[i], "index_select": lambda: self.table.index_select(0, i),
+                "gather": lambda: self.table.gather(0, i.reshape(-1, 1).expand(-1, 4)),
+                "embedding": lambda: torch.nn.functional.embedding(i, self.table)}[self.how]()
+
+
+@pytest.mark.parametrize("how, low", [("getitem", -10), ("index_select", 0), ("gather", 0), ("embedding", 0)])
+def test_an_index_out_of_range_raises_as_in_torch(how, low):
+    model = Rows(how).eval()
+    fast = eclat.compile(model, (torch.tensor([1, 2, 3]),), autotune="none", quiet=True)
+    for good in ([low, 9, 0], [9, 9, 9]):
+        i = torch.tensor(good)
+        torch.testing.assert_close(fast(i), model(i))
+    for bad in ([10, 1, 2], [low - 1, 0, 0], [12, 0, 0]):
+        with pytest.raises((IndexError, RuntimeError)):
+            model(torch.tensor(bad))  # torch refuses it too
+        with pytest.raises(IndexError, match=rf"input 0 \(i\): index {bad[0]} is out of range.* size 10, "
+                                             rf"valid indices are {low} to 9"):
+            fast(torch.tensor(bad))
+
+
+def test_index_checks_survive_an_artifact_and_the_program_cache(tmp_path):
+    model = Rows("embedding").eval()
+    i = torch.tensor([1, 2, 3])
+    for _ in range(2):  # the second compile is a program-cache hit
+        fast = eclat.compile(model, (i,), autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
+        with pytest.raises(IndexError, match="index 10 is out of range"):
+            fast(torch.tensor([10, 0, 0]))
+    assert fast.report()["candidates"].get("cached")
+    fast.save(tmp_path / "rows.eclat")
+    loaded = eclat.load(tmp_path / "rows.eclat")
+    with pytest.raises(IndexError, match="index -1 is out of range"):
+        loaded(np.array([-1, 0, 0]))
+    np.testing.assert_array_equal(loaded(i.numpy()), model(i).detach().numpy())

@@ -384,9 +384,8 @@ def save_artifact(model: CompiledModel, path: str | os.PathLike) -> None:
         "program": encode_program(program),
         "memory_plan": _plan_json(getattr(exe, "plan", None)),  # GPU executables keep their own buffers
         "native": native,
-        "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name,
-                    "index_range": getattr(s, "index_range", None)} for s in model.inputs],
-        "in_structure": getattr(model, "in_structure", None),
+        "inputs": [s.to_json() for s in model.inputs],
+        "in_structure": model.in_structure,
         "out_spec": _out_spec_text(model.out_spec),
         "report": model.report(),
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
@@ -447,8 +446,7 @@ def load_artifact(path: str | os.PathLike) -> CompiledModel:
                                 f"artifacts for {', '.join(sorted(CODECS))} only")
         with _refused(where, "has a malformed manifest"):  # not a KeyError from deep inside
             program = decode_program(manifest["program"], {})
-            specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]],
-                               _index_range(s.get("index_range"))) for s in manifest["inputs"]]
+            specs = [InputSpec.from_json(s) for s in manifest["inputs"]]
             in_structure, out_spec = manifest.get("in_structure"), manifest.get("out_spec")
             if in_structure is not None and _count_leaves(in_structure) != len(specs):
                 raise ArtifactError(f"{where}: its input structure passes {_count_leaves(in_structure)} "
@@ -477,15 +475,6 @@ def _refused(where: str, problem: str) -> Iterator[None]:
         raise ArtifactError(f"{where} needs more memory than this process can have") from None
     except Exception as e:
         raise ArtifactError(f"{where} {problem} ({type(e).__name__}: {e})") from None
-
-
-def _index_range(r: Any) -> tuple[int, int] | None:
-    if r is None:
-        return None
-    low, high = r
-    if type(low) is not int or type(high) is not int:
-        raise ValueError(f"index range {r!r} is not two integers")
-    return low, high
 
 
 def _weight_limit(weights: list[Buffer]) -> int:

@@ -21,6 +21,19 @@ class InputSpec:
     dtype: DType
     index_range: tuple[int, int] | None = None  # [low, high): an input used to index checks its values
 
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype.name,
+                "index_range": None if self.index_range is None else list(self.index_range)}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> InputSpec:
+        """The spec to_json wrote (raises ValueError, KeyError or TypeError on anything else)."""
+        r = data.get("index_range")
+        if r is not None and (len(r) != 2 or any(type(v) is not int for v in r)):
+            raise ValueError(f"index range {r!r} is not two integers")
+        return InputSpec(str(data["name"]), tuple(int(n) for n in data["shape"]), DType[data["dtype"]],
+                         None if r is None else (r[0], r[1]))
+
 
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")

@@ -37,7 +37,6 @@ import numpy as np
 from ..autotune.progress import progress
 from ..backends import get_backend
 from ..errors import EclatError
-from ..ir.dtypes import DType
 from ..ir.graph import Graph, numel
 from ..ir.interpreter import run as interpret
 from .group import group
@@ -146,7 +145,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
 
 
 def _specs(graph: Graph) -> list[InputSpec]:
-    return [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype) for n in graph.inputs]
+    return [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype, graph.index_ranges.get(n.arg))
+            for n in graph.inputs]
 
 
 def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:
@@ -312,7 +312,7 @@ def _write_program_cache(path: Path, program: Program, tuned: bool, graph: Graph
     from .artifact import _out_spec_text, encode_program
 
     weights = {b.name: np.ascontiguousarray(b.data) for b in program.buffers.values() if b.data is not None}
-    inputs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype.name} for s in _specs(graph)]
+    inputs = [s.to_json() for s in _specs(graph)]
     meta = {"program": encode_program(program), "tuned": tuned,
             "out_spec": _out_spec_text(graph.out_spec), "inputs": inputs, "report": report,
             "in_structure": in_structure}
@@ -364,7 +364,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
         program = decode_program(meta["program"], load(raw) if raw else {})
         tuned, out_spec, searched = meta["tuned"], meta["out_spec"], meta["report"]
         in_structure = meta["in_structure"]
-        specs = [InputSpec(s["name"], tuple(s["shape"]), DType[s["dtype"]]) for s in meta["inputs"]]
+        specs = [InputSpec.from_json(s) for s in meta["inputs"]]
     except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
     backend = get_backend(target)

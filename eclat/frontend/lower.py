@@ -3,6 +3,7 @@ walk over the FX graph that applies the lowering table in `ops.py` node by node.
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 import re
@@ -20,7 +21,8 @@ from eclat.errors import ExportError, UnsupportedOpError
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
 from eclat.ir.graph import Graph, Node
-from eclat.ir.symbolic import Expr, Var, as_int, sint, to_expr
+from eclat.ir.symbolic import Expr, Var, as_int, evaluate, sint, to_expr
+from eclat.ir.view import View
 
 TORCH_DTYPES = {torch.float32: DType.float32, torch.float16: DType.float16,
                 torch.bfloat16: DType.bfloat16, torch.int32: DType.int32, torch.int64: DType.int64,
@@ -44,12 +46,22 @@ class Ctx:
     symbols: dict[str, Var] = field(default_factory=dict)
     out_shape: tuple[sint, ...] = ()  # of the node's (first) tensor result
     out_dtype: DType | None = None
+    index_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def constant(self, array: np.ndarray) -> Node:
         """A constant tensor made by the frontend (e.g. adaptive pooling weights)."""
         name = f"_frontend_const{len([k for k in self.weights if k.startswith('_frontend_const')])}"
         self.weights[name] = array
         return g.weight(name, array, TORCH_DTYPES[torch.from_numpy(array).dtype])
+
+    def index_range(self, idx: Node, low: int, size: sint) -> None:
+        """idx indexes a dimension of size `size`, valid from low (0, or -size where negatives wrap).
+        Where its values come straight from a graph input, each call checks them: the kernels clamp an
+        index, where torch raises."""
+        source, n = _index_source(idx), as_int(size)
+        if source is not None and n is not None and idx.dtype in (DType.int32, DType.int64):
+            was_low, was_high = self.index_ranges.get(source.arg, (low, n))
+            self.index_ranges[source.arg] = (max(was_low, low), min(was_high, n))
 
     def sym(self, x: Any) -> sint:
         """A torch SymInt / sympy expression / int as an IR size."""
@@ -58,6 +70,30 @@ class Ctx:
         if isinstance(x, (int, np.integer)):
             return int(x)
         return _from_sympy(x, self.symbols)
+
+
+def _index_source(idx: Node) -> Node | None:
+    """The graph input whose every value reaches idx unchanged (through casts and views that keep all
+    of its elements), or None."""
+    while idx.op != "input":
+        if idx.op in ("cast", "contiguous") or (idx.op == "view" and _keeps_all(idx.arg, idx.srcs[0].shape)):
+            idx = idx.srcs[0]
+        else:
+            return None
+    return idx
+
+
+def _keeps_all(view: View, shape: tuple[sint, ...]) -> bool:
+    """Whether view reads every element of a source of this shape (a reshape, permute or broadcast
+    does; a slice or a step does not)."""
+    sizes = [as_int(n) for n in (*view.shape, *shape)]
+    if None in sizes or math.prod(sizes[len(view.shape):]) > 1 << 20 or math.prod(view.shape) > 1 << 22:
+        return False  # symbolic or too large to enumerate: not checked
+    grid = np.meshgrid(*(np.arange(n) for n in view.shape), indexing="ij")
+    flat, valid = view.index(view.index_vars())
+    env = {v.name: axis for v, axis in zip(view.index_vars(), grid)}
+    where, valid = (np.broadcast_to(evaluate(e, env), view.shape) for e in (flat, valid))
+    return np.unique(where[valid != 0]).size == math.prod(shape)
 
 
 def _from_sympy(e: sympy.Expr, symbols: dict[str, Var]) -> sint:
@@ -156,7 +192,7 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
             outputs = [convert_output(ctx, env[o] if isinstance(o, torch.fx.Node) else o)
                        for o, spec in zip(node.args[0], ep.graph_signature.output_specs)
                        if _user_output(spec)]
-    return Graph(inputs, outputs, weights, ep.call_spec.out_spec)
+    return Graph(inputs, outputs, weights, ep.call_spec.out_spec, ctx.index_ranges)
 
 
 def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list[Node],

@@ -875,6 +875,9 @@ def _flatten_indexed(x: Node, indices: Sequence[Node | None]) -> tuple[Node, Nod
 
 def _index(ctx: Ctx, x: Node, indices: Sequence[Node | None]) -> Node:
     """x[..., i, j, ...] with integer index tensors: one Gather from the flattened table."""
+    for i, n in zip(indices, x.shape):
+        if i is not None:
+            ctx.index_range(i, -n, n)  # negative indices count from the end
     table, lin, _, order = _flatten_indexed(x, indices)
     out = g.gather(table, lin)
     return out if order is None else P.permute(out, order)
@@ -918,6 +921,9 @@ def _index_put(ctx: Ctx, x: Node, indices: Sequence[Node | None], values: Node, 
                                                *(1,) * (len(x.shape) - k - len(given[0].shape)))), x.shape)
         v = P.lift(P.reshape(values, ()), x.dtype)
         return P.where(mask, P.add(x, v) if accumulate else v, x)
+    for i, n in zip(indices, x.shape):
+        if i is not None:
+            ctx.index_range(i, -n, n)
     table, lin, pos, order = _flatten_indexed(x, indices)
     gathered = (*lin.shape, *table.shape[1:])  # table[lin] has the index dims first
     torch_shape = gathered if order is None else tuple(gathered[k] for k in order)
@@ -932,6 +938,7 @@ def _index_put(ctx: Ctx, x: Node, indices: Sequence[Node | None], values: Node, 
 
 def _index_select(ctx: Ctx, x: Node, dim: int, index: Node) -> Node:
     axis = _axis(dim, len(x.shape))
+    ctx.index_range(index, 0, x.shape[axis])  # torch's index_select takes no negative index
     return _index(ctx, x, [None] * axis + [P.reshape(index, (prod(index.shape),))])
 
 
@@ -957,6 +964,7 @@ def _flat_positions(x: Node, axis: int, index: Node) -> Node:
 def _gather_dim(ctx: Ctx, x: Node, dim: int, index: Node, *, sparse_grad: bool = False) -> Node:
     """torch.gather: out[i][j] = x[i][index[i][j]] (for dim 1) through the flat table."""
     axis = _axis(dim, len(x.shape))
+    ctx.index_range(index, 0, x.shape[axis] if x.shape else 1)
     return g.gather(P.reshape(x, (prod(x.shape),)), _flat_positions(x, axis, index))
 
 
@@ -964,6 +972,7 @@ def _scatter(accumulate: bool) -> Callable[..., Node]:
     def lower(ctx: Ctx, x: Node, dim: int, index: Node, src: Value, **_: Any) -> Node:
         """x with x[i][index[i][j]] = src[i][j] (for dim 1), or += when accumulating."""
         axis = _axis(dim, len(x.shape))
+        ctx.index_range(index, 0, x.shape[axis] if x.shape else 1)
         lin = _flat_positions(x, axis, index)
         if isinstance(src, Node):  # only src's leading index.shape block takes part
             src = g.movement(src, lambda v: v.shrink([(0, n) for n in index.shape]))
@@ -975,6 +984,7 @@ def _scatter(accumulate: bool) -> Callable[..., Node]:
 
 
 def _embedding(ctx: Ctx, weight: Node, idx: Node, *_: Any) -> Node:
+    ctx.index_range(idx, 0, weight.shape[0])
     return g.gather(weight, idx)
 
 

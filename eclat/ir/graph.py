@@ -10,7 +10,7 @@ Later stages may register further ops (e.g. a recognised matmul) with `register`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -231,6 +231,8 @@ class Graph:
     outputs: list[Node]
     weights: dict[str, np.ndarray]
     out_spec: Any = None  # how the flat outputs nest (a torch pytree spec), kept by the frontend
+    # input name -> [low, high): the values an input that indexes a tensor may take (checked per call)
+    index_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def nodes(self) -> list[Node]:
         """All nodes reachable from the outputs, sources before users."""
