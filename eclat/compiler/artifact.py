@@ -544,9 +544,11 @@ def _enabled(features: str) -> set[str]:
 def _load_cpu(program: Program, manifest: dict[str, Any], art: Artifact) -> Any:
     import llvmlite.binding as llvm
 
-    from ..backends.cpu.jit import target_machine
+    from ..backends.cpu.jit import one_thread_warning, target_machine
     from ..backends.cpu.runtime import NativeRun
 
+    threads = (manifest.get("report") or {}).get("threads")
+    one_thread_warning(threads if type(threads) is int else 1)
     plan, slots = cpu_layout(program)
     if manifest["memory_plan"] != _plan_json(plan) or manifest["native"]["slot_names"] != slots:
         raise ArtifactError(f"{art.path}: its memory plan or argument slots disagree with its program "
