@@ -32,6 +32,15 @@ def _run(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           cwd=ROOT, env={**os.environ, **(env or {})}, timeout=300)
 
 
+def _on_threads(fn, count: int) -> None:
+    """fn(0), ..., fn(count - 1), each on a thread of its own, all at once."""
+    workers = [threading.Thread(target=fn, args=(k,)) for k in range(count)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_calls_from_several_python_threads_are_each_right(threads):
     model = _mlp()
@@ -46,11 +55,7 @@ def test_calls_from_several_python_threads_are_each_right(threads):
                 want = model(torch.from_numpy(x)).numpy()
             errors.append(float(np.abs(fast(x) - want).max()))
 
-    workers = [threading.Thread(target=calls, args=(seed,)) for seed in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    _on_threads(calls, 4)
     assert len(errors) == 400 and max(errors) < 1e-4
 
 
@@ -200,11 +205,7 @@ def test_opencl_calls_from_several_threads_take_turns():
         for _ in range(20):
             errors.append(float(np.abs(fast(inputs[k]) - wants[k]).max()))
 
-    workers = [threading.Thread(target=calls, args=(k,)) for k in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    _on_threads(calls, 4)
     assert len(errors) == 80 and max(errors) < 1e-4
 
 
