@@ -45,7 +45,7 @@ from ..ir.dtypes import DType
 from ..ir.symbolic import BinOp, Num, Var
 from .kernel import Buffer, Const, Gather, Index, Kernel, Load, Op, Program, Reduce, Schedule, Side, loads
 from .memplan import MemoryPlan
-from .model import CompiledModel, InputSpec
+from .model import CompiledModel, InputSpec, structure_tensors
 
 FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
@@ -242,18 +242,6 @@ def _plan_json(plan: MemoryPlan | None) -> dict[str, Any] | None:
     return plan and dataclasses.asdict(plan)
 
 
-def _count_leaves(structure: Any) -> int:
-    """Arrays a call nested as structure (model.input_structure's form) passes: they must be as
-    many as the program's inputs, which CompiledModel takes on trust."""
-    if structure is None:
-        return 1
-    if isinstance(structure, list):
-        return sum(_count_leaves(s) for s in structure)
-    if "const" in structure:
-        return 0
-    return sum(_count_leaves(s) for _, s in structure["dict"])
-
-
 # --- reading ---------------------------------------------------------------------------------------
 
 class Artifact:
@@ -448,8 +436,8 @@ def load_artifact(path: str | os.PathLike) -> CompiledModel:
             program = decode_program(manifest["program"], {})
             specs = [InputSpec.from_json(s) for s in manifest["inputs"]]
             in_structure, out_spec = manifest.get("in_structure"), manifest.get("out_spec")
-            if in_structure is not None and _count_leaves(in_structure) != len(specs):
-                raise ArtifactError(f"{where}: its input structure passes {_count_leaves(in_structure)} "
+            if in_structure is not None and structure_tensors(in_structure) != len(specs):
+                raise ArtifactError(f"{where}: its input structure passes {structure_tensors(in_structure)} "
                                     f"arrays to a program of {len(specs)} inputs")
             if out_spec is not None:
                 json.loads(out_spec)  # torch's pytree JSON, read when a call brings torch tensors

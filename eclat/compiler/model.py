@@ -46,14 +46,26 @@ def _is_array(x: Any) -> bool:
 def input_structure(example: Any) -> Any:
     """How the example inputs nest, as JSON data: a list for a tuple or list, {"dict": [[key, child],
     ...]} for a dict (in its order, which is the order torch.export flattens it in), null for a
-    tensor, {"const": value} for a number or string that export baked into the program."""
+    tensor, {"const": value} for a number, string or None that export baked into the program (any
+    other object as {"opaque": its type}, not checked)."""
     if isinstance(example, (list, tuple)):
         return [input_structure(x) for x in example]
     if isinstance(example, dict):
         return {"dict": [[k, input_structure(v)] for k, v in example.items()]}
-    if _is_array(example) or example is None:
+    if _is_array(example):
         return None
-    return {"const": example}
+    if example is None or isinstance(example, (bool, int, float, str)):
+        return {"const": example}
+    return {"opaque": type(example).__name__}
+
+
+def structure_tensors(structure: Any) -> int:
+    """How many tensors a call nested as structure passes."""
+    if structure is None:
+        return 1
+    if isinstance(structure, list):
+        return sum(structure_tensors(s) for s in structure)
+    return sum(structure_tensors(s) for _, s in structure.get("dict", ()))
 
 
 def _leaves(x: Any, structure: Any, where: str) -> list[Any]:
@@ -65,6 +77,8 @@ def _leaves(x: Any, structure: Any, where: str) -> list[Any]:
             given = f"{type(x).__name__} of {len(x)}" if isinstance(x, (list, tuple)) else type(x).__name__
             raise ValueError(f"{where}: expected a tuple or list of {len(structure)}, given a {given}")
         return [leaf for k, (a, s) in enumerate(zip(x, structure)) for leaf in _leaves(a, s, f"{where}[{k}]")]
+    if "opaque" in structure:
+        return []
     if "const" in structure:
         if _is_array(x) or x != structure["const"]:
             raise ValueError(f"{where}: the model was compiled for the constant {structure['const']!r}, "
