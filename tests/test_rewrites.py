@@ -9,6 +9,7 @@ import pkgutil
 
 import numpy as np
 import pytest
+import torch
 
 import eclat.rewrites as rewrites
 from eclat.ir import graph as g
@@ -312,3 +313,18 @@ def _canonical(graph: Graph) -> int:
 def test_candidates_differ_in_substance():
     res = optimize(llama(layers=1), "cpu", k=8)
     assert len({_canonical(c) for c in res.candidates}) == len(res.candidates)
+
+
+@pytest.mark.parametrize("scale", [lambda x: (x * 2) / 2, lambda x: (x * 2) * 0.5])
+def test_a_scale_and_its_inverse_saturate(scale):
+    """x*2 = x+x and factoring x*z + x*z once made x*4, x*8, ... from a class holding x = (x*2)*0.5:
+    54,000 e-nodes, the budget spent and no fusion candidates."""
+    from eclat.frontend import lower
+
+    class Scaled(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(scale(x)) + 1
+
+    res = optimize(lower(Scaled(), (torch.randn(4, 8),)), "cpu", k=8)
+    assert res.stats["stopped"] == "saturated" and res.stats["enodes"] < 2000
+    assert len(res.candidates) > 1

@@ -29,7 +29,9 @@ RULES = RuleSet("algebra", (
          example={**F, "a": 4.0}),
     Rule("mul-const-const", "(Mul (Mul x (Fill a d s)) (Fill b d s))", "(Mul x (Fill (* a b) d s))",
          ("(FloatDT d)",), example={**F, "a": 0.5, "b": 3.0}),
-    Rule("factor", "(Add (Mul x z) (Mul y z))", "(Mul (Add x y) z)"),
+    # not x*z + x*z: with x*2 = x + x (mul-two) and a class that holds x = (x*2)*0.5, that makes x*4,
+    # then x*8, ... without end
+    Rule("factor", "(Add (Mul x z) (Mul y z))", "(Mul (Add x y) z)", ("(!= x y)",)),
     # negation and subtraction forms (a - b * c as an FMA is the targets' fma-neg)
     Rule("mul-minus-one", "(Mul x (Fill -1.0 d s))", "(Neg x)", example=F),
     Rule("neg-sum", "(Sum (Neg x) r)", "(Neg (Sum x r))", example={"r": 1}),
