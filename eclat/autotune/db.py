@@ -185,12 +185,12 @@ class TuningDB:
         """The entry for key, or None; counts a hit or a miss."""
         rows = self._query("SELECT schedule, measured_us, meta, updated FROM tuning WHERE kernel = ? AND "
                            "shapes = ? AND dtype = ? AND backend = ? AND device = ?", _key_tuple(key))
-        if not rows:
+        entry = _entry(key, rows[0]) if rows else None
+        if entry is None:  # none, or a damaged row: tuned again, and overwritten
             self.misses += 1
             return None
         self.hits += 1
-        schedule, measured_us, meta, updated = rows[0]
-        return Entry(key, json.loads(schedule), measured_us, json.loads(meta), updated)
+        return entry
 
     def put(self, key: TuningKey, schedule: Any, measured_us: float,
             meta: dict[str, Any] | None = None, *, keep_faster: bool = False) -> None:
@@ -220,11 +220,13 @@ class TuningDB:
             raise TuningDBError(f"cannot write tuning database {self.path}: {e}") from None
 
     def entries(self) -> Iterator[Entry]:
-        """Every entry, in key order."""
+        """Every well-formed entry, in key order."""
         rows = self._query(f"SELECT {_KEYS}, schedule, measured_us, meta, updated FROM tuning "
                            f"ORDER BY {_KEYS}")
         for r in rows:
-            yield Entry(TuningKey(*r[:5]), json.loads(r[5]), r[6], json.loads(r[7]), r[8])
+            entry = _entry(TuningKey(*r[:5]), r[5:])
+            if entry is not None:
+                yield entry
 
     def __len__(self) -> int:
         return self._query("SELECT COUNT(*) FROM tuning")[0][0]
@@ -265,3 +267,16 @@ def merge(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> dict[st
     finally:
         for db in inputs:
             db.close()
+
+
+def _entry(key: TuningKey, row: tuple) -> Entry | None:
+    """A row as an Entry; None when it is not what put writes (a schedule and meta that are JSON
+    objects, a time)."""
+    schedule, measured_us, meta, updated = row
+    try:
+        schedule, meta = json.loads(schedule), json.loads(meta)
+    except (TypeError, ValueError):
+        return None
+    if not (isinstance(schedule, dict) and isinstance(meta, dict) and isinstance(measured_us, (int, float))):
+        return None
+    return Entry(key, schedule, measured_us, meta, updated)

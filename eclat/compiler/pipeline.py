@@ -75,8 +75,8 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
     remember = None
     if autotune != "none" and verify:
         remember = _program_cache(graph, target, autotune, k, threads, cache_dir)
-        cached = _from_program_cache(remember, model, example_inputs, arrays, target, threads, autotune,
-                                     cache_dir, db, quiet, start)
+        cached = _from_program_cache(remember, graph, structure, model, example_inputs, arrays, target,
+                                     threads, autotune, cache_dir, db, quiet, start)
         if cached is not None:
             return cached
     return compile_graph(graph, arrays, target, threads=threads, autotune=autotune, cache_dir=cache_dir,
@@ -138,7 +138,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     report["candidates"]["chosen"] = n
     report["tuning_cache"] = counts
     if remember is not None:
-        _write_program_cache(remember, program, tuned, graph, report, in_structure)
+        _write_program_cache(remember, program, tuned, report)
     if autotune != "none":
         _measure(report, exe, program, arrays, device)
     return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure)
@@ -303,25 +303,24 @@ def _program_cache(graph: Graph, target: str, mode: str, k: int, threads: int,
     return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.zip"
 
 
-def _write_program_cache(path: Path, program: Program, tuned: bool, graph: Graph, report: dict,
-                         in_structure: Any) -> None:
+def _write_program_cache(path: Path, program: Program, tuned: bool, report: dict) -> None:
     """Keep the chosen candidate's kernels as data, in the artifact's encoding, with the report of the
-    search that chose it (atomically; a cache that cannot be written is only slower)."""
+    search that chose it and a digest of both (atomically; a cache that cannot be written is only
+    slower). The inputs' and outputs' structure is not kept: the next compile lowers the model again."""
     from safetensors.numpy import save
 
-    from .artifact import _out_spec_text, encode_program
+    from .artifact import encode_program
 
     weights = {b.name: np.ascontiguousarray(b.data) for b in program.buffers.values() if b.data is not None}
-    inputs = [s.to_json() for s in _specs(graph)]
-    meta = {"program": encode_program(program), "tuned": tuned,
-            "out_spec": _out_spec_text(graph.out_spec), "inputs": inputs, "report": report,
-            "in_structure": in_structure}
+    meta = json.dumps({"program": encode_program(program), "tuned": tuned, "report": report}).encode()
+    data = save(weights) if weights else b""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         with zipfile.ZipFile(tmp, "w") as z:
-            z.writestr("program.json", json.dumps(meta))
-            z.writestr("weights.safetensors", save(weights) if weights else b"")
+            z.writestr("program.json", meta)
+            z.writestr("weights.safetensors", data)
+            z.writestr("sha256", hashlib.sha256(meta + data).hexdigest())
         os.replace(tmp, path)
         _trim_program_cache(path.parent)
     except (OSError, TypeError, ValueError):
@@ -347,24 +346,28 @@ def _trim_program_cache(folder: Path, limit: int = PROGRAM_CACHE_BYTES) -> None:
         total -= size
 
 
-def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: list[np.ndarray],
-                        target: str, threads: int, mode: str, cache_dir: Any, db: Any, quiet: bool,
-                        start: float) -> CompiledModel | None:
+def _from_program_cache(path: Path, graph: Graph, in_structure: Any, model: Any, example_inputs: tuple,
+                        arrays: list[np.ndarray], target: str, threads: int, mode: str, cache_dir: Any,
+                        db: Any, quiet: bool, start: float) -> CompiledModel | None:
     """The remembered candidate built with the database's schedules and verified against the model
-    as torch runs it; None when there is none or it does not verify (then compile afresh)."""
+    as torch runs it; None when there is none, it is damaged (its digest) or it does not verify (then
+    compile afresh). The inputs and outputs are the graph's, lowered from the model now."""
     from safetensors.numpy import load
 
     from .artifact import decode_program
 
     try:
         with zipfile.ZipFile(path) as z:
-            meta = json.loads(z.read("program.json"))
-            raw = z.read("weights.safetensors")
+            meta, raw, digest = (z.read(name) for name in ("program.json", "weights.safetensors", "sha256"))
+        if hashlib.sha256(meta + raw).hexdigest() != digest.decode():
+            return None
         os.utime(path)  # used now: the last to be trimmed
+        meta = json.loads(meta)
         program = decode_program(meta["program"], load(raw) if raw else {})
-        tuned, out_spec, searched = meta["tuned"], meta["out_spec"], meta["report"]
-        in_structure = meta["in_structure"]
-        specs = [InputSpec.from_json(s) for s in meta["inputs"]]
+        tuned, searched = bool(meta["tuned"]), meta["report"]
+        searched = {"egraph": dict(searched["egraph"]), "candidates": dict(searched["candidates"])}
+        if program.input_shapes != [s.shape for s in _specs(graph)]:
+            return None
     except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
     backend = get_backend(target)
@@ -395,7 +398,7 @@ def _from_program_cache(path: Path, model: Any, example_inputs: tuple, arrays: l
     report.update(egraph=searched["egraph"], candidates={**searched["candidates"], "cached": True},
                   tuning_cache=counts)
     _measure(report, exe, program, arrays, device)
-    return CompiledModel(exe, specs, out_spec, report, in_structure)
+    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure)
 
 
 def _choice_key(graph: Graph, mode: str, k: int, backend: str, device: Any) -> Any:
