@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import eclat
 from eclat.compiler.artifact import (
     FORMAT_VERSION,
     MANIFEST,
+    MANIFEST_DIGEST,
     ArtifactError,
     decode_program,
     encode_program,
@@ -62,6 +64,7 @@ def _edit_manifest(src: str, dst: str, edit) -> None:
     manifest = json.loads(files[MANIFEST])
     edit(manifest)
     files[MANIFEST] = json.dumps(manifest).encode()
+    files[MANIFEST_DIGEST] = hashlib.sha256(files[MANIFEST]).hexdigest().encode()
     with zipfile.ZipFile(dst, "w") as z:
         for n, data in files.items():
             z.writestr(n, data)
@@ -110,7 +113,7 @@ def test_manifest_holds_the_kernel_program_as_data(saved):
     with zipfile.ZipFile(saved["path"]) as z:
         names = set(z.namelist())
         manifest = json.loads(z.read(MANIFEST))
-    assert names == {"manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"}
+    assert names == {"manifest.json", "manifest.sha256", "weights.safetensors", "kernels.ll", "kernels.o"}
     assert manifest["format_version"] == FORMAT_VERSION and manifest["target"] == "cpu"
     assert [(i["shape"], i["dtype"]) for i in manifest["inputs"]] == [([3, 16], "float32")]
     program = saved["compiled"].executable.program

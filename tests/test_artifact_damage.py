@@ -24,7 +24,14 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 import eclat
-from eclat.compiler.artifact import MANIFEST, ArtifactError, cpu_layout, decode_program, load_artifact
+from eclat.compiler.artifact import (
+    MANIFEST,
+    MANIFEST_DIGEST,
+    ArtifactError,
+    cpu_layout,
+    decode_program,
+    load_artifact,
+)
 from tests.test_artifact import TwoOut
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,13 +45,14 @@ def _members(path: str) -> tuple[dict, dict[str, bytes]]:
 
 
 def _write(path: str, manifest: dict | bytes, files: dict[str, bytes], rehash: bool = True) -> None:
-    """An artifact of these members; rehash: the manifest's checksums made to match them (so that
-    what is tested is the check behind the checksums)."""
+    """An artifact of these members, the manifest's own checksum made to match it; rehash: the
+    manifest's checksums of the others too (so that what is tested is the check behind them)."""
     if rehash:
         manifest["sha256"] = {n: hashlib.sha256(files[n]).hexdigest() for n in manifest["sha256"]}
+    text = manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
+    files = {**files, MANIFEST_DIGEST: hashlib.sha256(text).hexdigest().encode()}
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr(MANIFEST, manifest if isinstance(manifest, bytes) else json.dumps(manifest),
-                   zipfile.ZIP_DEFLATED)
+        z.writestr(MANIFEST, text, zipfile.ZIP_DEFLATED)
         for n, d in files.items():
             z.writestr(n, d, zipfile.ZIP_DEFLATED if n.endswith(".ll") else zipfile.ZIP_STORED)
 
@@ -270,7 +278,8 @@ def _with_member(good, tmp_path, name: str, chunks: int, fill: bytes = b"\0") ->
     """good with member name replaced by (or added as) chunks of 16 MiB of fill, deflated; the
     checksums are left as they were."""
     manifest, files = _members(good["path"])
-    files = {MANIFEST: json.dumps(manifest).encode(), **files}
+    text = json.dumps(manifest).encode()
+    files = {MANIFEST: text, **files, MANIFEST_DIGEST: hashlib.sha256(text).hexdigest().encode()}
     path = str(tmp_path / "big.eclat")
     with zipfile.ZipFile(path, "w") as z:
         for n, d in files.items():

@@ -79,7 +79,8 @@ def test_inspect_table_json_and_html(work, capsys):
     fields = {"flops", "bytes", "schedule", "estimated_us", "measured_us"}
     assert data["kernels"] and all(fields <= set(k) for k in data["kernels"])
     assert data["measured_us"] > 0 and data["egraph"]["enodes"] > 0
-    assert set(data["files"]) == {"manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"}
+    assert set(data["files"]) == {"manifest.json", "manifest.sha256", "weights.safetensors", "kernels.ll",
+                                  "kernels.o"}
 
 
 def test_inspect_reads_only_the_manifest(work, tmp_path, capsys):
@@ -91,7 +92,7 @@ def test_inspect_reads_only_the_manifest(work, tmp_path, capsys):
     with zipfile.ZipFile(work["artifact"]) as z, zipfile.ZipFile(damaged, "w") as out:
         for name in z.namelist():
             data = z.read(name)
-            out.writestr(name, data if name == "manifest.json" else b"\0" * len(data))
+            out.writestr(name, data if name.startswith("manifest.") else b"\0" * len(data))
     assert main(["inspect", str(damaged), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["target"] == "cpu"
     assert main(["run", str(damaged), "--inputs", str(work["folder"] / "x.npy")]) == 1

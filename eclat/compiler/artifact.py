@@ -50,6 +50,7 @@ from .model import CompiledModel, InputSpec, structure_tensors
 FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
 MANIFEST, WEIGHTS, SOURCE, OBJECT = "manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"
+MANIFEST_DIGEST = "manifest.sha256"  # the manifest's own checksum (it holds every other member's)
 SOURCE_CL, SOURCE_CU, SOURCE_METAL = "kernels.cl", "kernels.cu", "kernels.metal"
 # Most bytes a member may hold: far above what any model needs (a small LLM's manifest is a few
 # MB), low enough that a damaged or hostile header cannot make loading take the machine's memory.
@@ -314,8 +315,12 @@ class Artifact:
     def _manifest(self) -> dict[str, Any]:
         if not self.has(MANIFEST):
             raise ArtifactError(f"{self.path} is not an eclat artifact (no {MANIFEST})")
+        text = self._read(MANIFEST, MANIFEST_LIMIT)
+        digest = hashlib.sha256(text).hexdigest().encode()
+        if not self.has(MANIFEST_DIGEST) or self._read(MANIFEST_DIGEST, 64) != digest:
+            raise ArtifactError(f"{self.path} is corrupt or edited: its manifest fails its checksum")
         try:
-            manifest = json.loads(self._read(MANIFEST, MANIFEST_LIMIT))
+            manifest = json.loads(text)
         except (ValueError, RecursionError) as e:  # not JSON, or nested beyond what json decodes
             raise ArtifactError(f"{self.path} has a malformed manifest ({type(e).__name__}: {e})") from None
         if not isinstance(manifest, dict):
@@ -381,7 +386,9 @@ def save_artifact(model: CompiledModel, path: str | os.PathLike) -> None:
     tmp = f"{where}.tmp{os.getpid()}"
     try:
         with zipfile.ZipFile(tmp, "w") as z:
-            z.writestr(MANIFEST, json.dumps(manifest, indent=1), zipfile.ZIP_DEFLATED)
+            text = json.dumps(manifest, indent=1).encode()
+            z.writestr(MANIFEST, text, zipfile.ZIP_DEFLATED)
+            z.writestr(MANIFEST_DIGEST, hashlib.sha256(text).hexdigest())
             for name, data in files.items():
                 # sources compress well; binaries are read in place
                 text = name in (SOURCE, SOURCE_CL, SOURCE_CU, SOURCE_METAL)
