@@ -251,3 +251,11 @@ def test_index_checks_survive_an_artifact_and_the_program_cache(tmp_path):
     with pytest.raises(IndexError, match="index -1 is out of range"):
         loaded(np.array([-1, 0, 0]))
     np.testing.assert_array_equal(loaded(i.numpy()), model(i).detach().numpy())
+
+
+def test_a_bfloat16_model_returns_bfloat16():
+    x = torch.randn(1, 2, 3, 3, dtype=torch.bfloat16) * 3
+    model = torch.nn.Hardtanh()
+    fast = eclat.compile(model, (x,), autotune="none", quiet=True)
+    out = fast(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, model(x))

@@ -148,8 +148,16 @@ class CompiledModel:
         import torch
 
         tensors = [torch.from_numpy(o) for o in outs]
+        program = getattr(self.executable, "program", None)
+        if program is not None:  # bfloat16 outputs are computed widened (numpy has no bfloat16)
+            wide = [program.buffers[n].dtype is DType.bfloat16 for n in program.outputs]
+            tensors = [t.to(torch.bfloat16) if w else t for t, w in zip(tensors, wide)]
         if isinstance(self.out_spec, str):  # as an artifact stores it: torch's pytree JSON
-            self.out_spec = torch.utils._pytree.treespec_loads(self.out_spec)
+            try:
+                self.out_spec = torch.utils._pytree.treespec_loads(self.out_spec)
+            except Exception as e:  # torch's own errors for a spec it cannot read
+                why = f"{type(e).__name__}: {e}"
+                raise ValueError(f"the stored output structure cannot be read: {why}") from None
         if hasattr(self.out_spec, "num_leaves") and not self.out_spec.is_leaf():
             return torch.utils._pytree.tree_unflatten(tensors, self.out_spec)
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
