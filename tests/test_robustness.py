@@ -259,3 +259,11 @@ def test_a_bfloat16_model_returns_bfloat16():
     fast = eclat.compile(model, (x,), autotune="none", quiet=True)
     out = fast(x)
     assert out.dtype == torch.bfloat16 and torch.equal(out, model(x))
+
+
+def test_a_product_of_two_dtypes_is_refused_as_torch_refuses_it():
+    model, x = torch.nn.Linear(5, 3), torch.tensor([1, -2, 3, 0, 4])
+    with pytest.raises(RuntimeError, match="must have the same dtype"):
+        model(x)
+    with pytest.raises(eclat.UnsupportedOpError, match=r"aten.addmm.* same dtype, but got int64"):
+        eclat.compile(model, (x,), autotune="none", quiet=True)

@@ -393,12 +393,19 @@ def _topk(ctx: Ctx, x: Node, k: sint, dim: int = -1, largest: bool = True, sorte
 
 # --- linear algebra ---------------------------------------------------------------------------
 
-def _mm(ctx: Ctx, a: Node, b: Node) -> Node:
+def _product(a: Node, b: Node) -> Node:
+    """a @ b of one dtype, as torch requires (export's fake tensors let Long @ Float through)."""
+    if a.dtype is not b.dtype:
+        raise ValueError(f"mat1 and mat2 must have the same dtype, but got {a.dtype.name} and {b.dtype.name}")
     return P.matmul(a, b)
 
 
+def _mm(ctx: Ctx, a: Node, b: Node) -> Node:
+    return _product(a, b)
+
+
 def _addmm(ctx: Ctx, bias: Value, a: Node, b: Node, *, beta: Value = 1, alpha: Value = 1) -> Node:
-    prod_ = _scaled(P.matmul(a, b), alpha)
+    prod_ = _scaled(_product(a, b), alpha)
     return _out(ctx, P.add(_scaled(bias, beta) if beta != 0 else 0, prod_))
 
 
