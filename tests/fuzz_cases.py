@@ -6,8 +6,9 @@ folder to load or compile from. The worker (`python -m tests.fuzz_cases`) compil
 then reads one request a line on stdin, runs it and judges the result against torch:
 
     right        the answer torch gives (values, shapes, dtypes, NaN where torch has NaN)
-    refused      an EclatError, ValueError, TypeError or IndexError with a message, where refusing
-                 is allowed (torch refuses too, or the input is not what the model was compiled for)
+    refused      an EclatError, ValueError, TypeError, IndexError or ZeroDivisionError with a message,
+                 where refusing is allowed (torch refuses too, or the input is not what the model was
+                 compiled for)
     wrong        an answer that is not torch's, or an answer to a call that must be refused
     bad_refusal  a refusal where an answer is required, of the wrong type, or without a message
     raw          any other exception (KeyError, AttributeError, RecursionError, MemoryError, ...)
@@ -340,7 +341,7 @@ def arrange(example: tuple, leaves: list[Any], how: str, rng: random.Random,
 def allowed() -> tuple[type, ...]:
     import eclat
 
-    return (eclat.EclatError, ValueError, TypeError, IndexError)
+    return (eclat.EclatError, ValueError, TypeError, IndexError, ZeroDivisionError)
 
 
 def _tb(e: BaseException) -> str:

@@ -7,9 +7,10 @@ Each model is compiled once per target (autotune="none", k=1) and also run throu
 interpreter of its lowered graph. Values are compared exactly, NaN equal to NaN; true division
 is x * (1 / y) in eclat, within an ulp of torch's x / y.
 
-What eclat does where torch has no answer to copy: an integer division by zero gives 0 for
-//, %, fmod and trunc division (torch raises ZeroDivisionError; a kernel cannot raise), and
-INT_MIN // -1 wraps to INT_MIN as two's complement arithmetic does."""
+What eclat does where torch raises or has no answer to copy: an integer division by an input
+holding a zero raises ZeroDivisionError at the call, as torch does; by a divisor the program
+computes to zero it gives 0 for //, %, fmod and trunc division (a kernel cannot raise); INT_MIN //
+-1 wraps to INT_MIN as two's complement arithmetic does."""
 
 from __future__ import annotations
 
@@ -146,17 +147,33 @@ def test_integer_division_matches_torch(target: str, dtype: torch.dtype) -> None
     _assert_division(_outputs(Division(), (a, b), target), [o.numpy() for o in Division()(a, b)])
 
 
+class ZeroBelow(torch.nn.Module):
+    """Integer division by a divisor computed in the program (b - b is 0), and true division."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        zero = b - b
+        return a // zero, a % zero, torch.fmod(a, zero), torch.div(a, zero, rounding_mode="trunc"), a / b
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_integer_division_by_zero_and_overflow(target: str) -> None:
-    """torch raises for an integer division by zero (and INT_MIN // -1 may trap in it): eclat
-    gives 0 there, INT_MIN for INT_MIN // -1, and true division IEEE's inf and NaN."""
+    """torch raises for an integer division by zero: so does eclat where the divisor is an input (the
+    call checks it); a divisor computed to 0 inside the program gives 0 (a kernel cannot raise).
+    INT_MIN // -1 wraps to INT_MIN, true division by 0 gives IEEE's inf and NaN."""
     lo = torch.iinfo(torch.int32).min
     a = torch.tensor([5, -5, 0, lo, lo, lo + 1], dtype=torch.int32)
-    b = torch.tensor([0, 0, 0, -1, 1, -1], dtype=torch.int32)
+    b = torch.tensor([1, 1, 1, -1, 1, -1], dtype=torch.int32)
     got = dict(zip(DIVISION, _outputs(Division(), (a, b), target)))
-    assert got["floordiv"].tolist() == got["truncdiv"].tolist() == [0, 0, 0, lo, lo, -lo - 1]
+    assert got["floordiv"].tolist() == got["truncdiv"].tolist() == [5, -5, 0, lo, lo, -lo - 1]
     assert got["remainder"].tolist() == got["fmod"].tolist() == [0] * 6
-    np.testing.assert_array_equal(got["truediv"][:3], [INF, -INF, NAN])
+    zero = torch.tensor([0, 0, 0, 1, 1, 1], dtype=torch.int32)
+    if target != "interpreter":
+        fast = eclat.compile(Division(), (a, b), target=target, autotune="none", k=1, quiet=True)
+        with pytest.raises(ZeroDivisionError, match=r"input 1 \(b\) divides integers and holds a zero"):
+            fast(a, zero)
+    *by_zero, true = _outputs(ZeroBelow(), (a, zero), target)
+    assert all(q.tolist() == [0] * 6 for q in by_zero)
+    np.testing.assert_array_equal(true[:3], [INF, -INF, NAN])
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -20,10 +20,12 @@ class InputSpec:
     shape: tuple[int, ...]
     dtype: DType
     index_range: tuple[int, int] | None = None  # [low, high): an input used to index checks its values
+    divisor: bool = False  # an integer input that divides: a zero in it raises, as in torch
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype.name,
-                "index_range": None if self.index_range is None else list(self.index_range)}
+                "index_range": None if self.index_range is None else list(self.index_range),
+                "divisor": self.divisor}
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> InputSpec:
@@ -32,7 +34,7 @@ class InputSpec:
         if r is not None and (len(r) != 2 or any(type(v) is not int for v in r)):
             raise ValueError(f"index range {r!r} is not two integers")
         return InputSpec(str(data["name"]), tuple(int(n) for n in data["shape"]), DType[data["dtype"]],
-                         None if r is None else (r[0], r[1]))
+                         None if r is None else (r[0], r[1]), data.get("divisor") is True)
 
 
 def _is_torch(x: Any) -> bool:
@@ -112,8 +114,8 @@ class CompiledModel:
         # GPU programs keep their buffers on the device: their calls take turns
         reentrant = getattr(executable, "reentrant", False)
         self._execute = executable.run if reentrant else _one_at_a_time(executable)
-        if any(s.index_range for s in inputs):  # generated code would clamp an index, torch raises
-            self._execute = _index_checked(inputs, self._execute)
+        if any(s.index_range or s.divisor for s in inputs):  # kernels clamp an index, torch raises
+            self._execute = _values_checked(inputs, self._execute)
 
     def __call__(self, *args: Any) -> Any:
         if self._plain(args):  # the common call, checked in one pass: a tenth of a small model's time
@@ -225,16 +227,21 @@ def _describe(spec: InputSpec) -> str:
     return f"{spec.name}: {spec.dtype.name}{list(spec.shape)}"
 
 
-def _index_checked(specs: list[InputSpec], run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Callable:
-    checks = [(k, s, *s.index_range) for k, s in enumerate(specs) if s.index_range]
+def _values_checked(specs: list[InputSpec], run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Callable:
+    """run, after checking what torch would raise on: an index out of its range, an integer divisor 0."""
+    ranges = [(k, s, *s.index_range) for k, s in enumerate(specs) if s.index_range]
+    divisors = [(k, s) for k, s in enumerate(specs) if s.divisor]
 
     def checked(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        for k, spec, low, high in checks:
+        for k, spec, low, high in ranges:
             a = arrays[k]
             if a.size and (a.min() < low or a.max() >= high):
                 bad = a[(a < low) | (a >= high)].flat[0]
                 raise IndexError(f"input {k} ({spec.name}): index {bad} is out of range: this input indexes "
                                  f"a dimension of size {high}, valid indices are {low} to {high - 1}")
+        for k, spec in divisors:
+            if not arrays[k].all():
+                raise ZeroDivisionError(f"input {k} ({spec.name}) divides integers and holds a zero")
         return run(arrays)
     return checked
 

@@ -145,8 +145,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
 
 
 def _specs(graph: Graph) -> list[InputSpec]:
-    return [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype, graph.index_ranges.get(n.arg))
-            for n in graph.inputs]
+    return [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype, graph.index_ranges.get(n.arg),
+                      n.arg in graph.divisors) for n in graph.inputs]
 
 
 def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:

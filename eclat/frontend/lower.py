@@ -47,6 +47,7 @@ class Ctx:
     out_shape: tuple[sint, ...] = ()  # of the node's (first) tensor result
     out_dtype: DType | None = None
     index_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    divisors: set[str] = field(default_factory=set)
 
     def constant(self, array: np.ndarray) -> Node:
         """A constant tensor made by the frontend (e.g. adaptive pooling weights)."""
@@ -62,6 +63,13 @@ class Ctx:
         if source is not None and n is not None and idx.dtype in (DType.int32, DType.int64):
             was_low, was_high = self.index_ranges.get(source.arg, (low, n))
             self.index_ranges[source.arg] = (max(was_low, low), min(was_high, n))
+
+    def divisor(self, b: Any) -> None:
+        """b divides integers: where its values come straight from a graph input, each call checks that
+        none is zero (the kernels give 0, where torch raises)."""
+        source = _index_source(b) if isinstance(b, Node) and not b.dtype.is_float else None
+        if source is not None:
+            self.divisors.add(source.arg)
 
     def sym(self, x: Any) -> sint:
         """A torch SymInt / sympy expression / int as an IR size."""
@@ -192,7 +200,7 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
             outputs = [convert_output(ctx, env[o] if isinstance(o, torch.fx.Node) else o)
                        for o, spec in zip(node.args[0], ep.graph_signature.output_specs)
                        if _user_output(spec)]
-    return Graph(inputs, outputs, weights, ep.call_spec.out_spec, ctx.index_ranges)
+    return Graph(inputs, outputs, weights, ep.call_spec.out_spec, ctx.index_ranges, ctx.divisors)
 
 
 def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list[Node],

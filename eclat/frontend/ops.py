@@ -72,14 +72,19 @@ def _div(ctx: Ctx, a: Value, b: Value, rounding_mode: str | None = None) -> Node
         q = P.trunc(P.div(a, b)) if rounding_mode == "trunc" else P.floor_div(a, b)
         return _out(ctx, q)
     shape = ctx.out_shape
+    ctx.divisor(b)
     return P.int_div(P.lift(a, dtype, shape), P.lift(b, dtype, shape), rounding_mode)
 
 
 def _fmod(ctx: Ctx, a: Value, b: Value) -> Node:
+    if not ctx.out_dtype.is_float:
+        ctx.divisor(b)
     return P.elementwise("mod", a, b, dtype=ctx.out_dtype)
 
 
 def _remainder(ctx: Ctx, a: Value, b: Value) -> Node:
+    if not ctx.out_dtype.is_float:
+        ctx.divisor(b)
     return P.remainder(P.lift(a, ctx.out_dtype), P.lift(b, ctx.out_dtype))
 
 

@@ -233,6 +233,7 @@ class Graph:
     out_spec: Any = None  # how the flat outputs nest (a torch pytree spec), kept by the frontend
     # input name -> [low, high): the values an input that indexes a tensor may take (checked per call)
     index_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    divisors: set[str] = field(default_factory=set)  # integer inputs that divide: zero raises, as in torch
 
     def nodes(self) -> list[Node]:
         """All nodes reachable from the outputs, sources before users."""
