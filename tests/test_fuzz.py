@@ -385,7 +385,7 @@ def _edit(root: str, op: str = "set", value=None, path=(), factor: int = 0) -> d
 NO_CHECKSUMS = _edit("sha256", "set", {})
 TOP_KEYS = ["format", "format_version", "eclat_version", "created", "target", "device", "program",
             "memory_plan", "native", "inputs", "out_spec", "report", "sha256"]
-MEMBERS = ["manifest.json", "weights.safetensors", "kernels.ll", "kernels.o"]
+MEMBERS = ["manifest.json", "manifest.sha256", "weights.safetensors", "kernels.ll", "kernels.o"]
 NAMED_DAMAGES = [
     *[(f"truncated to {at:.0%}", [{"kind": "truncate", "at": at}]) for at in (0.0, 0.1, 0.5, 0.9, 0.999)],
     *[(f"a byte of {m} flipped in the file", [{"kind": "flip", "member": m, "at": 0.5}]) for m in MEMBERS],
