@@ -316,8 +316,10 @@ class Artifact:
         if not self.has(MANIFEST):
             raise ArtifactError(f"{self.path} is not an eclat artifact (no {MANIFEST})")
         text = self._read(MANIFEST, MANIFEST_LIMIT)
-        digest = hashlib.sha256(text).hexdigest().encode()
-        if not self.has(MANIFEST_DIGEST) or self._read(MANIFEST_DIGEST, 64) != digest:
+        if not self.has(MANIFEST_DIGEST):
+            raise ArtifactError(f"{self.path} has no {MANIFEST_DIGEST}: damaged, or written by an older "
+                                f"eclat; recompile the model")
+        if self._read(MANIFEST_DIGEST, 64) != hashlib.sha256(text).hexdigest().encode():
             raise ArtifactError(f"{self.path} is corrupt or edited: its manifest fails its checksum")
         try:
             manifest = json.loads(text)
