@@ -227,16 +227,15 @@ def packed_copies(program: Program) -> set[str]:
 
 
 def cpu_layout(program: Program) -> tuple[MemoryPlan, list[str]]:
-    """The memory plan and the argument slots the CPU backend builds program's code with
-    (runtime.CpuExecutable, codegen.build_module): derived at load, never taken on trust."""
+    """The memory plan and the argument slots the CPU backend builds program's code with: derived at
+    load, never taken on trust."""
     from dataclasses import replace
 
-    from ..backends.cpu.sides import fold_row_reductions
-    from .memplan import plan_memory
+    from ..backends.cpu.codegen import slots_of
+    from ..backends.cpu.runtime import layout
 
-    code = fold_row_reductions(replace(program, buffers=dict(program.buffers)))  # it adds side buffers
-    slots = [n for n, b in code.buffers.items() if b.role != "temp"] + ["<arena>"]
-    return plan_memory(code), slots
+    code, plan = layout(replace(program, buffers=dict(program.buffers)))  # folding adds side buffers
+    return plan, slots_of(code.buffers)
 
 
 def _plan_json(plan: MemoryPlan | None) -> dict[str, Any] | None:

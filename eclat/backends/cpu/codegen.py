@@ -115,6 +115,11 @@ class Module:
     used: set[str]  # buffers some kernel reads or writes (a weight read only packed is not)
 
 
+def slots_of(buffers: dict[str, Buffer]) -> list[str]:
+    """The buffers passed to eclat_run, in order: every one but the temporaries, the arena last."""
+    return [n for n, b in buffers.items() if b.role != "temp"] + ["<arena>"]
+
+
 def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module:
     """Emit program. Packed weights join program.buffers (role weight, names starting with
     PACKED); a rebuild drops the previous build's. Kernels equal up to buffer names share
@@ -138,7 +143,7 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1) -> Module
         big = flops(k) >= PARALLEL_MIN_FLOPS or bytes_moved(k, program.buffers) >= PARALLEL_MIN_BYTES
         if k.schedule.threads > 1 and threads > 1 and outer > 1 and big:
             parallel.append(k.name)
-    slot_names = [n for n, b in program.buffers.items() if b.role != "temp"] + ["<arena>"]
+    slot_names = slots_of(program.buffers)
     _entry(mod, program, plan, slot_names, calls, set(parallel), threads)
     return Module(mod, slot_names, packed, parallel, used)
 

@@ -24,6 +24,13 @@ def _data(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
+def layout(program: Program) -> tuple[Program, MemoryPlan]:
+    """What runs and its memory plan: program with its row sums folded into their writers (the side
+    buffers join program's buffers). An artifact's loader derives the same from the stored program."""
+    code = fold_row_reductions(program)
+    return code, plan_memory(code)
+
+
 class NativeRun:
     """Calls a compiled `eclat_run(slots)`: slots ordered as slot_names, the arena last. Weights
     are bound once; `run(inputs)` binds contiguous inputs of the right shapes and dtypes (the
@@ -108,8 +115,7 @@ class CpuExecutable(NativeRun):
         program = replace(program, buffers=dict(program.buffers),
                           kernels=[replace(k) for k in program.kernels])
         one_thread_warning(threads)
-        code = fold_row_reductions(program)  # what runs; program is what reports and artifacts see
-        plan = plan_memory(code)
+        code, plan = layout(program)  # what runs; program is what reports and artifacts see
         start = time.perf_counter()
         self.module = build_module(code, plan, threads)
         self.jit = Jitted(self.module.ir)
