@@ -51,6 +51,7 @@ from ..compiler.kernel import (
 from ..errors import EclatError
 from ..ir.dtypes import DType
 from ..ir.symbolic import BinOp, Expr, Num, Var, bounds, render
+from .scope import Scope
 
 # --- dialects -----------------------------------------------------------------------------------
 
@@ -333,7 +334,7 @@ class _Emitter:
         self.k, self.buffers, self.d, self.s = kernel, buffers, d, sched
         self.lines: list[str] = []
         self.depth = 1
-        self.layers: list[tuple[dict, set[str]]] = [({}, set())]
+        self.scope: Scope[str] = Scope()  # bound index variables and computed expressions
         self.count = 0
         self.fv: dict = {}
         self.cands = reduces(kernel.body)
@@ -374,31 +375,22 @@ class _Emitter:
         return f"{prefix}{self.count}"
 
     def open(self, header: str, binds: tuple[str, ...] = ()) -> None:
+        """Open a C block; binds are index variables its header declares (a loop's counter)."""
         self.line(f"{header} {{" if header else "{")
         self.depth += 1
-        self.layers.append(({}, set(binds)))
+        self.scope.push()
+        for var in binds:
+            self.scope.bind(var, var)
 
     def close(self) -> None:
-        self.layers.pop()
+        self.scope.pop()
         self.depth -= 1
         self.line("}")
 
     def bind(self, var: str, value: str) -> None:
+        """Declare the index variable var = value in the current block."""
         self.line(f"const int {var} = {value};")
-        self.layers[-1][1].add(var)
-
-    def bound(self) -> set[str]:
-        return set().union(*(b for _, b in self.layers))
-
-    def cached(self, key) -> str | None:
-        for memo, _ in reversed(self.layers):
-            if key in memo:
-                return memo[key]
-        return None
-
-    def remember(self, key, name: str) -> str:
-        self.layers[-1][0][key] = name
-        return name
+        self.scope.bind(var, var)
 
     def declare(self, dt: DType, value: str, prefix: str = "v") -> str:
         name = self.fresh(prefix)
@@ -408,10 +400,10 @@ class _Emitter:
     def hoist(self, within: Reduce | None = None) -> None:
         """Run every reduction (of `within`'s body, or of the kernel) whose variables are all
         bound now, serially in this thread."""
-        bound = self.bound()
+        bound = self.scope.bound()
         for r in reduces(within.body) if within is not None else self.cands:
-            if self.cached(r) is None and free_vars(r, self.fv) <= bound:
-                self.remember(r, self.serial_reduce(r))
+            if self.scope.cached(r) is None and free_vars(r, self.fv) <= bound:
+                self.scope.remember(r, self.serial_reduce(r))
 
     def unravel(self, flat: str, axes: list[int]) -> None:
         """Bind the axis variables `axes` (row-major over their sizes) from a flat index."""
@@ -461,7 +453,7 @@ class _Emitter:
 
     # --- expressions -----------------------------------------------------------------------------
     def emit(self, e: KExpr) -> str:
-        hit = self.cached(e)
+        hit = self.scope.cached(e)
         if hit is not None:
             return hit
         if isinstance(e, Const):
@@ -479,7 +471,7 @@ class _Emitter:
             out = self.serial_reduce(e)
         else:  # pragma: no cover
             raise TypeError(f"not a kernel expression: {e!r}")
-        return self.remember(e, out)
+        return self.scope.remember(e, out)
 
     def read(self, buf: str, index: str, dt: DType) -> str:
         buf = self.cname[buf]
@@ -654,7 +646,7 @@ class _Emitter:
             self.open("")
             self.lane = lane
             self.line(f"const int {last} = {base} + {lane};")
-            self.layers[-1][1].add(last)
+            self.scope.bind(last, last)
             self.store(self.emit(k.body))
             self.close()
         self.vectors = {}
@@ -669,10 +661,10 @@ class _Emitter:
         inner = math.prod(k.shape[p:])
         self.ids()
         self.unravel("gid", list(range(p)))
-        bound = self.bound()
+        bound = self.scope.bound()
         for r in self.cands:  # children first: a reduction's inputs are ready before it
-            if self.cached(r) is None and free_vars(r, self.fv) <= bound:
-                self.remember(r, self.group_reduce(r))
+            if self.scope.cached(r) is None and free_vars(r, self.fv) <= bound:
+                self.scope.remember(r, self.group_reduce(r))
         self.open(f"for (int e = lid; e < {inner}; e += {t})", ("e",))
         self.unravel("e", list(range(p, len(k.shape))))
         self.hoist()
@@ -739,7 +731,7 @@ class _Emitter:
                 if c.m_axis is not None:
                     self.bind(m_var, "row")
                 self.bind(n_var, "col")
-                self.remember(c.reduce, accs[i][j])
+                self.scope.remember(c.reduce, accs[i][j])
                 self.store(self.emit(k.body))
                 self.close()
                 self.close()
