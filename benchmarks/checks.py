@@ -45,10 +45,11 @@ def in_turns(fns: dict[str, Callable[[], object]], calls: int, rounds: int = 15)
 
 def main() -> None:
     torch.set_num_threads(1)
-    from eclat.backends.cpu.jit import host_description
+    from eclat.backends.cpu import host
 
-    host = host_description()
-    print(f"host: {host['name']} ({', '.join(host['features'])}), {os.cpu_count()} cores; 1 thread")
+    about = host.description()
+    print(f"host: {about['cpu']} ({about['vector_unit']}, {about['lanes']} float32 lanes), "
+          f"{os.cpu_count()} cores; 1 thread")
 
     model, (ids,) = _llama(1)
     checked = eclat.compile(model, (ids,), autotune="fast", quiet=True)

@@ -60,12 +60,6 @@ def _host_machine() -> llvm.TargetMachine:
                                         opt=3, codemodel="jitdefault")
 
 
-def host_description() -> dict:
-    return {"name": llvm.get_host_cpu_name(), "triple": llvm.get_process_triple(),
-            "features": sorted(f[1:] for f in llvm.get_host_cpu_features().flatten().split(",")
-                               if f.startswith("+") and f[1:] in ("avx", "avx2", "fma", "avx512f", "neon"))}
-
-
 def _loop_ids(text: str) -> str:
     """llvmlite cannot write self-referencing metadata: make each loop hint node
     `!n = !{!"eclat.loop.hint", !m, ...}` into the loop id `!n = distinct !{!n, !m, ...}`."""
