@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 import eclat.rewrites.composites  # noqa: F401  (registers the fma composite)
-from eclat.backends.gpu_c import GpuSchedule, gpu_schedule_space, with_variants
+from eclat.backends.gpu import GpuSchedule, gpu_schedule_space, with_variants
 from eclat.compiler.group import group
 from eclat.compiler.kernel import Program
 from eclat.ir import graph as g

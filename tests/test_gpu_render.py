@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from eclat.backends.gpu_c import (
+from eclat.backends.gpu import (
     CUDA,
     DIALECTS,
     METAL,

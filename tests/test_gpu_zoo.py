@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from eclat.backends.gpu_c import render_program
+from eclat.backends.gpu import render_program
 from eclat.compiler.group import group
 from eclat.compiler.kernel import Program
 from tests.gpu_cases import assert_zoo_model_matches_torch, opencl_or_skip

@@ -48,7 +48,7 @@ def test_runs_twice_with_new_inputs() -> None:
 def test_tuning_picks_a_verified_schedule_and_reuses_the_database(tmp_path) -> None:
     from eclat.autotune.db import TuningDB
     from eclat.backends import get_backend
-    from eclat.backends.gpu_c import gpu_schedule_space
+    from eclat.backends.gpu import gpu_schedule_space
 
     graph, inputs = CASES["matmuls"]()
     program = group(graph)

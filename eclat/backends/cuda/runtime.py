@@ -15,7 +15,7 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu_c import CUDA, GpuSchedule, RenderedProgram, render_program
+from ..gpu import CUDA, GpuSchedule, RenderedProgram, render_program
 from .nvcc import compile_ptx
 
 _STATE: dict[str, Any] = {}

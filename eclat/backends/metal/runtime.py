@@ -16,7 +16,7 @@ import numpy as np
 
 from ...compiler.kernel import Program
 from ...errors import EclatError
-from ..gpu_c import METAL, GpuSchedule, RenderedProgram, render_program
+from ..gpu import METAL, GpuSchedule, RenderedProgram, render_program
 
 SHIM = Path(__file__).parent / "shim"
 _CXX_FLAGS = ["-std=c++17", "-fsyntax-only", "-Wall", "-Werror", "-Wno-attributes",

@@ -19,7 +19,7 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu_c import OPENCL, GpuSchedule, RenderedProgram, render_program
+from ..gpu import OPENCL, GpuSchedule, RenderedProgram, render_program
 
 _BUILT: dict[tuple[int, str], Any] = {}
 

@@ -1,0 +1,41 @@
+"""One C-style renderer for GPU kernels, three dialects (CUDA, OpenCL, Metal).
+
+Every difference between the dialects is data in a `Dialect` (dialects.py); the renderer
+(emit.py) is written once. A kernel of eclat.compiler.kernel is lowered with a `GpuSchedule`
+(schedules.py) to one of three strategies, all launched as a 1-D grid of work-groups:
+
+  flat  one thread per output element; reductions run as serial loops in the thread.
+  row   one work-group per row (the leading output axes that the kernel's reductions depend
+        on): each reduction is split across the group's threads and combined by a tree in
+        shared memory (warp/simdgroup shuffles first where the dialect has them); then the
+        threads share the row's output elements. A softmax or layer-norm row is one group.
+  tile  contractions (epilogue(sum_k a*b), see `as_contraction`): each group computes a
+        TM x TN output tile, staging TK-deep slices of a and b in shared memory, each thread
+        a RM x RN register block; the epilogue runs on the accumulators. Ragged edges are
+        clamped on load and masked on store.
+
+Loads of the flat strategy are vectorised (float4) when the schedule asks and the index is
+provably aligned and unit-stride in the last axis. tune.py times every schedule of a kernel's
+space (`gpu_schedule_space`) in one build and keeps the fastest that gives the default's values.
+"""
+
+from __future__ import annotations
+
+from .dialects import CUDA, DIALECTS, METAL, OPENCL, Dialect
+from .emit import RenderedKernel, RenderedProgram, c_index, render_kernel, render_program
+from .schedules import (
+    MATVEC_ROWS,
+    MAX_THREADS,
+    ROW_MIN_REDUCE,
+    STRATEGIES,
+    GpuSchedule,
+    default_gpu_schedule,
+    gpu_schedule_space,
+    row_axes,
+)
+from .tune import GpuBackend, Variant, kernel_key, tune_schedules, with_variants
+
+__all__ = ["CUDA", "DIALECTS", "MATVEC_ROWS", "MAX_THREADS", "METAL", "OPENCL", "ROW_MIN_REDUCE",
+           "STRATEGIES", "Dialect", "GpuBackend", "GpuSchedule", "RenderedKernel", "RenderedProgram",
+           "Variant", "c_index", "default_gpu_schedule", "gpu_schedule_space", "kernel_key",
+           "render_kernel", "render_program", "row_axes", "tune_schedules", "with_variants"]

@@ -1,0 +1,513 @@
+"""The C-like kernel emitter: one renderer for every dialect, lowering a kernel of
+eclat.compiler.kernel with its `GpuSchedule` (flat, row or tile) to the dialect's source."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ...compiler.group import ravel
+from ...compiler.kernel import (
+    Buffer,
+    Const,
+    Gather,
+    Index,
+    Kernel,
+    KExpr,
+    Load,
+    Op,
+    Program,
+    Reduce,
+    axis_vars,
+    free_vars,
+    loads,
+    reduces,
+)
+from ...errors import EclatError
+from ...ir.dtypes import DType
+from ...ir.symbolic import BinOp, Expr, Num, bounds, render
+from ..scope import Scope
+from .dialects import DIALECTS, Dialect
+from .schedules import (
+    GpuSchedule,
+    default_gpu_schedule,
+    row_axes,
+    tile_contraction,
+    unit_stride,
+    vector_loads,
+    vector_ok,
+)
+
+_SHUFFLED = (DType.float32, DType.bfloat16, DType.int32)  # 32-bit values: every dialect's shuffles take them
+
+_C_OPS = {"+": "+", "*": "*", "//": "/", "%": "%", "<": "<", "and": "&&"}
+
+
+def c_index(e: Expr | int) -> str:
+    """A symbolic index expression in C. `//` and `%` keep their floor meaning where the
+    dividend may be negative (a padded view's index), where C would truncate toward zero."""
+    if not isinstance(e, BinOp):
+        return render(e)
+    a, b = c_index(e.a), c_index(e.b)
+    if e.op in ("//", "%") and bounds(e.a)[0] < 0:
+        rem = f"(({a} % {b} + {b}) % {b})"
+        return rem if e.op == "%" else f"(({a} - {rem}) / {b})"
+    return f"({a} {_C_OPS[e.op]} {b})"
+
+
+@dataclass
+class RenderedKernel:
+    name: str
+    source: str
+    args: list[str]  # buffer names, in parameter order
+    groups: int  # work-groups in the 1-D grid
+    threads: int  # work-items per group
+    schedule: GpuSchedule = field(default_factory=GpuSchedule)
+
+
+@dataclass
+class RenderedProgram:
+    dialect: str
+    source: str  # prelude and every kernel: one compilation unit
+    kernels: list[RenderedKernel]
+
+
+def render_program(program: Program, dialect: Dialect | str,
+                   schedules: dict[str, GpuSchedule] | None = None) -> RenderedProgram:
+    """Every kernel of program in one source, with its launch geometry."""
+    d = DIALECTS[dialect] if isinstance(dialect, str) else dialect
+    schedules = schedules or {}
+    ks = [render_kernel(k, program.buffers, d, schedules.get(k.name)) for k in program.kernels]
+    return RenderedProgram(d.name, d.prelude + "\n" + "\n".join(k.source for k in ks), ks)
+
+
+def render_kernel(kernel: Kernel, buffers: dict[str, Buffer], dialect: Dialect | str,
+                  schedule: GpuSchedule | None = None) -> RenderedKernel:
+    d = DIALECTS[dialect] if isinstance(dialect, str) else dialect
+    sched = schedule or default_gpu_schedule(kernel)
+    if sched.strategy == "tile" and tile_contraction(kernel) is None:
+        raise EclatError(f"kernel {kernel.name} is not a contraction: it cannot use the tile strategy")
+    if sched.vector > 1 and not vector_ok(kernel, sched.vector):
+        sched = replace(sched, vector=1)
+    for b in {x.buffer for x in loads(kernel.body)} | {kernel.out}:
+        if buffers[b].dtype is DType.float16:
+            raise EclatError(f"kernel {kernel.name}: float16 buffer {b} is not supported by the GPU "
+                             f"backends yet (use float32 or bfloat16)")
+        if buffers[b].numel >= 2**31:
+            raise EclatError(f"kernel {kernel.name}: buffer {b} has {buffers[b].numel} elements; "
+                             f"GPU kernels index with 32-bit integers")
+    return _Emitter(kernel, buffers, d, sched).rendered()
+
+
+class _Emitter:
+    def __init__(self, kernel: Kernel, buffers: dict[str, Buffer], d: Dialect, sched: GpuSchedule):
+        self.k, self.buffers, self.d, self.s = kernel, buffers, d, sched
+        self.lines: list[str] = []
+        self.depth = 1
+        self.scope: Scope[str] = Scope()  # bound index variables and computed expressions
+        self.count = 0
+        self.fv: dict = {}
+        self.cands = reduces(kernel.body)
+        self.shared: dict[str, str] = {}  # array name -> declaration
+        self.args = sorted({x.buffer for x in loads(kernel.body)} | {kernel.out})
+        self.cname: dict[str, str] = {}  # buffer -> a C identifier (buffer names may hold dots)
+        for name in self.args:
+            c = "b_" + re.sub(r"\W", "_", name)
+            self.cname[name] = c if c not in self.cname.values() else f"{c}_{len(self.cname)}"
+        self.groups = 0
+        self.vectors: dict[Load, str] = {}  # vector strategy: a load -> the vector holding its lanes
+        self.lane = 0
+        if kernel.numel:
+            getattr(self, f"_{sched.strategy}")()
+
+    # --- output ----------------------------------------------------------------------------------
+    def rendered(self) -> RenderedKernel:
+        d, k = self.d, self.k
+        params = []
+        for n, name in enumerate(self.args):
+            dt = self.buffers[name].dtype
+            const = "" if name == k.out else "const "
+            params.append(d.param.format(space=d.global_, const=const, type=self.mem_type(dt),
+                                         restrict=d.restrict, name=self.cname[name], n=n))
+        params += d.thread_params
+        head = f"{d.kernel.format(threads=self.s.group_size)} {k.name}({', '.join(params)}) {{"
+        body = [f"  {decl}" for decl in self.shared.values()] + self.lines
+        note = f"// {k.name}: {self.s.strategy} {list(k.shape)} ops={','.join(k.ops)}"
+        src = "\n".join([note, head, *body, "}", ""])
+        return RenderedKernel(k.name, src, self.args, self.groups, self.s.group_size, self.s)
+
+    # --- scopes ----------------------------------------------------------------------------------
+    def line(self, s: str) -> None:
+        self.lines.append("  " * self.depth + s)
+
+    def fresh(self, prefix: str = "v") -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def open(self, header: str, binds: tuple[str, ...] = ()) -> None:
+        """Open a C block; binds are index variables its header declares (a loop's counter)."""
+        self.line(f"{header} {{" if header else "{")
+        self.depth += 1
+        self.scope.push()
+        for var in binds:
+            self.scope.bind(var, var)
+
+    def close(self) -> None:
+        self.scope.pop()
+        self.depth -= 1
+        self.line("}")
+
+    def bind(self, var: str, value: str) -> None:
+        """Declare the index variable var = value in the current block."""
+        self.line(f"const int {var} = {value};")
+        self.scope.bind(var, var)
+
+    def declare(self, dt: DType, value: str, prefix: str = "v") -> str:
+        name = self.fresh(prefix)
+        self.line(f"const {self.reg_type(dt)} {name} = {value};")
+        return name
+
+    def hoist(self, within: Reduce | None = None) -> None:
+        """Run every reduction (of `within`'s body, or of the kernel) whose variables are all
+        bound now, serially in this thread."""
+        bound = self.scope.bound()
+        for r in reduces(within.body) if within is not None else self.cands:
+            if self.scope.cached(r) is None and free_vars(r, self.fv) <= bound:
+                self.scope.remember(r, self.serial_reduce(r))
+
+    def unravel(self, flat: str, axes: list[int]) -> None:
+        """Bind the axis variables `axes` (row-major over their sizes) from a flat index."""
+        shape = [self.k.shape[a] for a in axes]
+        stride = math.prod(shape)
+        for a, n in zip(axes, shape):
+            stride //= n
+            if n == 1:
+                self.bind(f"i{a}", "0")
+            else:
+                q = flat if stride == 1 else f"({flat} / {stride})"
+                self.bind(f"i{a}", q if a == axes[0] else f"({q} % {n})")
+
+    # --- types and literals ----------------------------------------------------------------------
+    def reg_type(self, dt: DType) -> str:
+        return self.d.types[dt]
+
+    def mem_type(self, dt: DType) -> str:
+        return self.d.mem_types.get(dt, self.d.types[dt])
+
+    def literal(self, value, dt: DType) -> str:
+        if dt is DType.bool:
+            return "true" if value else "false"
+        if dt.is_float:
+            v = float(np.float32(value))
+            if math.isnan(v):
+                return self.d.nan
+            if math.isinf(v):
+                return self.d.inf if v > 0 else f"(-{self.d.inf})"
+            return f"{v!r}f"
+        v = int(value)
+        if dt is DType.int64:
+            if v == -(2**63):
+                return f"(-9223372036854775807{self.d.long_suffix} - 1)"
+            return f"{v}{self.d.long_suffix}"
+        return "(-2147483647 - 1)" if v == -(2**31) else str(v)
+
+    def identity(self, op: str, dt: DType) -> str:
+        if op == "sum":
+            return self.literal(0, dt)
+        if dt.is_float:
+            return self.literal(-math.inf, dt)
+        return self.literal(False if dt is DType.bool else np.iinfo(dt.np).min, dt)
+
+    def sym(self, e: Expr | int) -> str:
+        return c_index(e)
+
+    # --- expressions -----------------------------------------------------------------------------
+    def emit(self, e: KExpr) -> str:
+        hit = self.scope.cached(e)
+        if hit is not None:
+            return hit
+        if isinstance(e, Const):
+            return self.literal(e.value, e.dtype)
+        if isinstance(e, Index):
+            v = self.sym(e.expr)
+            return f"({v} != 0)" if e.dtype is DType.bool else f"(({self.reg_type(e.dtype)}){v})"
+        if isinstance(e, Load):
+            out = self.declare(e.dtype, self.load(e))
+        elif isinstance(e, Gather):
+            out = self.gather(e)
+        elif isinstance(e, Op):
+            out = self.declare(e.dtype, self.op(e))
+        elif isinstance(e, Reduce):
+            out = self.serial_reduce(e)
+        else:  # pragma: no cover
+            raise TypeError(f"not a kernel expression: {e!r}")
+        return self.scope.remember(e, out)
+
+    def read(self, buf: str, index: str, dt: DType) -> str:
+        buf = self.cname[buf]
+        return f"({buf}[{index}] != 0)" if dt is DType.bool else f"{buf}[{index}]"
+
+    def load(self, e: Load) -> str:
+        if self.buffers[e.buffer].numel == 0 or e.valid == Num(0):
+            return self.literal(0, e.dtype)
+        vec = self.vector_lane(e)
+        if vec is not None:
+            return vec
+        value = self.read(e.buffer, self.sym(e.index), e.dtype)
+        if e.valid == Num(1):
+            return value
+        return f"({self.sym(e.valid)}) ? {value} : {self.literal(0, e.dtype)}"
+
+    def gather(self, e: Gather) -> str:
+        long_ = self.d.types[DType.int64]
+        g = self.fresh("g")
+        self.line(f"{long_} {g} = ({long_}){self.emit(e.idx)};")
+        self.line(f"{g} = {g} < 0 ? 0 : ({g} > {e.rows - 1} ? {e.rows - 1} : {g});")
+        index = f"(int){g} * {e.row_size} + {self.sym(e.inner)}"
+        return self.declare(e.dtype, self.read(e.buffer, index, e.dtype))
+
+    def op(self, e: Op) -> str:
+        a = [self.emit(s) for s in e.srcs]
+        op, dt = e.op, e.dtype
+        m = self.d.math
+        if op == "cast":
+            return self.cast(a[0], e.srcs[0].dtype, dt)
+        if op == "where":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if op == "lt":
+            return f"({a[0]} < {a[1]})"
+        if op == "fma" and not dt.is_float:
+            return f"({a[0]} * {a[1]} + {a[2]})"
+        if op in ("exp2", "log2", "sin", "sqrt", "rsqrt", "fma"):
+            return f"{m[op]}({', '.join(a)})"
+        if op == "recip":
+            return f"(1.0f / {a[0]})"
+        if op == "neg":
+            return f"(!{a[0]})" if dt is DType.bool else f"(-{a[0]})"
+        if op == "mod":
+            if dt.is_float:
+                return f"{m['fmod']}({a[0]}, {a[1]})"
+            if dt is DType.bool:
+                return "false"
+            # 0 where the divisor is 0, as the interpreter; INT_MIN % -1 is undefined in C (a trap)
+            return f"((({a[1]} == 0) | ({a[1]} == -1)) ? ({self.reg_type(dt)})0 : {a[0]} % {a[1]})"
+        if op in ("add", "mul", "max"):
+            return self.combine(op, a[0], a[1], dt)
+        raise EclatError(f"kernel {self.k.name}: the GPU renderer has no lowering for op {op!r}")
+
+    def combine(self, op: str, x: str, y: str, dt: DType) -> str:
+        """x op y for add/mul/max and the reduce ops sum/max_reduce (NaN-propagating max)."""
+        op = {"sum": "add", "max_reduce": "max"}.get(op, op)
+        if dt is DType.bool:
+            return f"({x} && {y})" if op == "mul" else f"({x} || {y})"
+        if op == "add":
+            return f"({x} + {y})"
+        if op == "mul":
+            return f"({x} * {y})"
+        if dt.is_float:
+            return f"(({self.d.math['isnan']}({x}) || {x} > {y}) ? {x} : {y})"
+        return f"({x} > {y} ? {x} : {y})"
+
+    def cast(self, x: str, src: DType, dst: DType) -> str:
+        if dst is DType.bool:
+            return f"({x} != 0)"
+        if dst is DType.bfloat16:  # round to nearest even on the upper 16 bits, kept in a float
+            to_u, to_f = self.d.bits
+            u = self.fresh("u")
+            self.line(f"const unsigned int {u} = {to_u.format(f'(float)({x})')};")
+            return to_f.format(f"(({u} + 0x7FFFu + (({u} >> 16) & 1u)) & 0xFFFF0000u)")
+        return f"(({self.reg_type(dst)})({x}))"
+
+    # --- reductions --------------------------------------------------------------------------------
+    def serial_reduce(self, r: Reduce) -> str:
+        acc = self.fresh("acc")
+        self.line(f"{self.reg_type(r.dtype)} {acc} = {self.identity(r.op, r.dtype)};")
+        v = r.var.name
+        self.open(f"for (int {v} = 0; {v} < {r.size}; {v}++)", (v,))
+        self.hoist(r)
+        self.line(f"{acc} = {self.combine(r.op, acc, self.emit(r.body), r.dtype)};")
+        self.close()
+        return acc
+
+    def group_reduce(self, r: Reduce) -> str:
+        """Each thread reduces a strided share of r; the group combines the partials."""
+        t = self.s.threads
+        acc = self.fresh("acc")
+        dt = r.dtype
+        self.line(f"{self.reg_type(dt)} {acc} = {self.identity(r.op, dt)};")
+        v = r.var.name
+        self.open(f"for (int {v} = lid; {v} < {r.size}; {v} += {t})", (v,))
+        self.hoist(r)
+        self.line(f"{acc} = {self.combine(r.op, acc, self.emit(r.body), dt)};")
+        self.close()
+        red = self.shared_array(dt, t)
+        d = self.d
+        shuffle = d.shuffle_down is not None and dt in _SHUFFLED and d.warp <= t <= d.warp ** 2
+        if shuffle:
+            self.warp_reduce(acc, r.op, dt)
+            self.line(f"if (lid % {d.warp} == 0) {red}[lid / {d.warp}] = {acc};")
+            self.line(d.barrier)
+            self.line(f"{acc} = lid < {t // d.warp} ? {red}[lid] : {self.identity(r.op, dt)};")
+            self.warp_reduce(acc, r.op, dt)
+            self.line(f"if (lid == 0) {red}[0] = {acc};")
+        else:
+            self.line(f"{red}[lid] = {acc};")
+            self.line(d.barrier)
+            self.open(f"for (int s = {t // 2}; s > 0; s >>= 1)")
+            both = self.combine(r.op, f"{red}[lid]", f"{red}[lid + s]", dt)
+            self.line(f"if (lid < s) {red}[lid] = {both};")
+            self.line(d.barrier)
+            self.close()
+        self.line(d.barrier)
+        self.line(f"{acc} = {red}[0];")
+        self.line(d.barrier)  # the array is reused by the next reduction
+        return acc
+
+    def warp_reduce(self, acc: str, op: str, dt: DType) -> None:
+        self.open(f"for (int off = {self.d.warp // 2}; off > 0; off >>= 1)")
+        other = self.declare(dt, self.d.shuffle_down.format(v=acc, off="off"), "sh")
+        self.line(f"{acc} = {self.combine(op, acc, other, dt)};")
+        self.close()
+
+    def shared_array(self, dt: DType, size: int, name: str | None = None) -> str:
+        name = name or f"red_{dt.short}"
+        self.shared.setdefault(name, f"{self.d.shared} {self.reg_type(dt)} {name}[{size}];")
+        return name
+
+    def store(self, value: str) -> None:
+        k = self.k
+        dt = k.body.dtype
+        v = f"({value} ? 1 : 0)" if dt is DType.bool else value
+        self.line(f"{self.cname[k.out]}[{self.sym(ravel(axis_vars(k.shape), k.shape))}] = {v};")
+
+    def ids(self) -> None:
+        self.line(f"const int gid = {self.d.group_id};")
+        self.line(f"const int lid = {self.d.local_id};")
+
+    # --- strategies ---------------------------------------------------------------------------------
+    def _flat(self) -> None:
+        k, t, w = self.k, self.s.threads, self.s.vector
+        n = k.numel // w
+        self.groups = -(-n // t)
+        self.ids()
+        self.line(f"const int e = gid * {t} + lid;")
+        self.open(f"if (e < {n})")
+        self.unravel(f"e * {w}" if w > 1 else "e", list(range(len(k.shape))))
+        if w == 1:
+            self.hoist()
+            self.store(self.emit(k.body))
+        else:
+            self.vector_body(w)
+        self.close()
+
+    def vector_body(self, w: int) -> None:
+        """w consecutive outputs per thread; aligned unit-stride loads read as one vector."""
+        k = self.k
+        last = f"i{len(k.shape) - 1}"
+        base = self.fresh("base")
+        self.line(f"const int {base} = {last};")
+        space = f"{self.d.global_} " if self.d.global_ else ""
+        for x in vector_loads(k, w):
+            name = self.fresh("vec")
+            self.line(f"const float{w} {name} = *({space}const float{w}*)"
+                      f"({self.cname[x.buffer]} + {self.sym(x.index)});")
+            self.vectors[x] = name
+        for lane in range(w):
+            self.open("")
+            self.lane = lane
+            self.line(f"const int {last} = {base} + {lane};")
+            self.scope.bind(last, last)
+            self.store(self.emit(k.body))
+            self.close()
+        self.vectors = {}
+
+    def vector_lane(self, e: Load) -> str | None:
+        return f"{self.vectors[e]}.{'xyzw'[self.lane]}" if e in self.vectors else None
+
+    def _row(self) -> None:
+        k, t = self.k, self.s.threads
+        p = row_axes(k)
+        self.groups = math.prod(k.shape[:p])
+        inner = math.prod(k.shape[p:])
+        self.ids()
+        self.unravel("gid", list(range(p)))
+        bound = self.scope.bound()
+        for r in self.cands:  # children first: a reduction's inputs are ready before it
+            if self.scope.cached(r) is None and free_vars(r, self.fv) <= bound:
+                self.scope.remember(r, self.group_reduce(r))
+        self.open(f"for (int e = lid; e < {inner}; e += {t})", ("e",))
+        self.unravel("e", list(range(p, len(k.shape))))
+        self.hoist()
+        self.store(self.emit(k.body))
+        self.close()
+
+    def _tile(self) -> None:
+        k, d = self.k, self.d
+        c = tile_contraction(k)
+        (tm, tn, tk), (rm, rn) = self.s.tile, self.s.micro
+        ty, tx, t = tm // rm, tn // rn, self.s.group_size
+        m = k.shape[c.m_axis] if c.m_axis is not None else 1
+        n, kk = k.shape[c.n_axis], c.reduce.size
+        mt, nt = -(-m // tm), -(-n // tn)
+        batch = [a for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
+        self.groups = math.prod(k.shape[a] for a in batch) * mt * nt
+        self.cands = []
+        self.ids()
+        self.line(f"const int tn_ = gid % {nt};")
+        self.line(f"const int tm_ = (gid / {nt}) % {mt};")
+        self.unravel(f"(gid / {nt * mt})", batch)
+        self.line(f"const int tx = lid % {tx};")
+        self.line(f"const int ty = lid / {tx};")
+        a_s = self.shared_array(DType.float32, tk * tm, "As")
+        b_s = self.shared_array(DType.float32, tk * tn, "Bs")
+        accs = [[f"c{i}_{j}" for j in range(rn)] for i in range(rm)]
+        for row in accs:
+            self.line("float " + ", ".join(f"{x} = 0.0f" for x in row) + ";")
+        rv, m_var, n_var = c.reduce.var.name, f"i{c.m_axis}", f"i{c.n_axis}"
+        self.open(f"for (int k0 = 0; k0 < {kk}; k0 += {tk})")
+        for (operand, width, size, var, tile_id, dst) in ((c.a, tm, m, m_var, "tm_", a_s),
+                                                           (c.b, tn, n, n_var, "tn_", b_s)):
+            # consecutive threads read consecutive addresses: along k where the operand is
+            # unit-stride in k (a row-major a, a transposed weight b), else along m or n
+            self.open(f"for (int q = lid; q < {tk * width}; q += {t})")
+            if unit_stride(operand, rv):
+                self.line(f"const int kk = q % {tk}, mm = q / {tk};")
+            else:
+                self.line(f"const int kk = q / {width}, mm = q % {width};")
+            self.line(f"const int row = {tile_id} * {width} + mm, kv = k0 + kk;")
+            if c.m_axis is not None or dst == b_s:
+                self.bind(var, f"row < {size} ? row : {size - 1}")
+            self.bind(rv, f"kv < {kk} ? kv : {kk - 1}")
+            v = self.emit(operand)
+            self.line(f"{dst}[kk * {width} + mm] = (row < {size} && kv < {kk}) ? {v} : 0.0f;")
+            self.close()
+        self.line(d.barrier)
+        self.open(f"for (int kk = 0; kk < {tk}; kk++)")
+        for i in range(rm):
+            self.line(f"const float a{i} = {a_s}[kk * {tm} + ty + {i * ty}];")
+        for j in range(rn):
+            self.line(f"const float b{j} = {b_s}[kk * {tn} + tx + {j * tx}];")
+        for i in range(rm):
+            for j in range(rn):
+                self.line(f"{accs[i][j]} = {d.math['fma']}(a{i}, b{j}, {accs[i][j]});")
+        self.close()
+        self.line(d.barrier)
+        self.close()
+        for i in range(rm):
+            for j in range(rn):
+                self.open("")
+                self.line(f"const int row = tm_ * {tm} + ty + {i * ty}, col = tn_ * {tn} + tx + {j * tx};")
+                self.open(f"if (row < {m} && col < {n})")
+                if c.m_axis is not None:
+                    self.bind(m_var, "row")
+                self.bind(n_var, "col")
+                self.scope.remember(c.reduce, accs[i][j])
+                self.store(self.emit(k.body))
+                self.close()
+                self.close()
+
+
+__all__ = ["RenderedKernel", "RenderedProgram", "c_index", "render_kernel", "render_program"]
