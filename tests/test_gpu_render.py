@@ -52,6 +52,21 @@ def test_dialect_tokens_come_from_the_tables() -> None:
     assert "shfl" not in src["opencl"] and "simd_shuffle" not in src["opencl"]  # no shuffles in OpenCL 1.2
 
 
+def test_ops_come_from_the_op_table_and_a_dialect_overrides_its_entries() -> None:
+    program = _softmax_program()  # recip of the row sum; max_reduce combines with a NaN-propagating max
+    base = render_program(program, OPENCL).source
+    assert "(1.0f / " in base and "isnan(" in base
+    native = replace(OPENCL, ops={"recip": "native_recip({0})", ("max", "float"): "fmax({0}, {1})"})
+    src = render_program(program, native).source
+    assert "native_recip(" in src and "(1.0f / " not in src
+    assert "fmax(" in src and "isnan(" not in src
+    assert native.op("max", DType.int32, "a", "b") == "(a > b ? a : b)"  # the float entry only
+    assert OPENCL.op("mod", DType.bool, "a", "b") == "false"
+    assert OPENCL.op("fma", DType.bool, "a", "b", "c") == "(a * b + c)"  # a bool takes the int entry
+    assert CUDA.op("fma", DType.float32, "a", "b", "c") == "fmaf(a, b, c)"
+    assert OPENCL.op("popcount", DType.int32, "a") is None
+
+
 @pytest.mark.parametrize("dialect", [CUDA, OPENCL, METAL], ids=lambda d: d.name)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_case_renders(case: str, dialect) -> None:

@@ -1,12 +1,53 @@
 """The GPU dialects: every difference between CUDA, OpenCL and Metal source is data in a
 `Dialect` (qualifiers, address spaces, thread indices, barrier, math names, type names, parameter
-syntax, warp shuffles), so the emitter (eclat.backends.gpu.emit) is written once."""
+syntax, warp shuffles, how ops are written), so the emitter (eclat.backends.gpu.emit) is written
+once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...ir.dtypes import DType
+
+OpKey = str | tuple[str, str]  # an op, or (op, kind) with kind "float", "int" or "bool"
+
+# How each elementwise op is written in C: a str.format template over the operands ({0} {1} {2}),
+# the dialect's math function names ({exp2} {fmod} {isnan} ...) and the register type of the
+# result ({type}). An entry for (op, kind) wins over the op's own; a bool is also an int (C
+# converts it), so an int entry serves bools that have none of their own. add, mul and max also
+# combine the partial results of reductions (sum, max_reduce). `cast` is the emitter's.
+C_OPS: dict[OpKey, str] = {
+    "add": "({0} + {1})",
+    ("add", "bool"): "({0} || {1})",
+    "mul": "({0} * {1})",
+    ("mul", "bool"): "({0} && {1})",
+    "max": "({0} > {1} ? {0} : {1})",
+    ("max", "float"): "(({isnan}({0}) || {0} > {1}) ? {0} : {1})",  # NaN-propagating, as torch
+    ("max", "bool"): "({0} || {1})",
+    "lt": "({0} < {1})",
+    "where": "({0} ? {1} : {2})",
+    "neg": "(-{0})",
+    ("neg", "bool"): "(!{0})",
+    "recip": "(1.0f / {0})",
+    "exp2": "{exp2}({0})",
+    "log2": "{log2}({0})",
+    "sin": "{sin}({0})",
+    "sqrt": "{sqrt}({0})",
+    "rsqrt": "{rsqrt}({0})",
+    "fma": "{fma}({0}, {1}, {2})",
+    ("fma", "int"): "({0} * {1} + {2})",
+    ("mod", "float"): "{fmod}({0}, {1})",
+    # 0 where the divisor is 0, as the interpreter; INT_MIN % -1 is undefined in C (a trap)
+    ("mod", "int"): "((({1} == 0) | ({1} == -1)) ? ({type})0 : {0} % {1})",
+    ("mod", "bool"): "false",
+}
+
+
+def _kinds(dt: DType) -> tuple[str, ...]:
+    """The kinds of dt whose entries apply, the most specific first."""
+    if dt.is_float:
+        return ("float",)
+    return ("bool", "int") if dt is DType.bool else ("int",)
 
 
 @dataclass(frozen=True)
@@ -31,6 +72,24 @@ class Dialect:
     bits: tuple[str, str]  # float -> uint and uint -> float bit casts, each with {}
     shuffle_down: str | None  # {v} {off}: value from lane + off, None if the dialect has none
     warp: int = 32
+    ops: dict[OpKey, str] = field(default_factory=dict)  # this dialect's entries of C_OPS, where they differ
+
+    def op_template(self, op: str, dt: DType) -> str | None:
+        """How this dialect writes op with a dt result: its own entry, else C_OPS's (see there);
+        None if neither has one."""
+        keys = [(op, kind) for kind in _kinds(dt)] + [op]
+        for table in (self.ops, C_OPS):
+            for key in keys:
+                if key in table:
+                    return table[key]
+        return None
+
+    def op(self, op: str, dt: DType, *args: str) -> str | None:
+        """op applied to the C expressions args, with a dt result; None if there is no template."""
+        template = self.op_template(op, dt)
+        if template is None:
+            return None
+        return template.format(*args, **self.math, type=self.types.get(dt, ""))
 
 
 _COMMON_TYPES = {DType.float32: "float", DType.bfloat16: "float", DType.int32: "int", DType.bool: "bool"}
@@ -85,4 +144,4 @@ METAL = Dialect(
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (CUDA, OPENCL, METAL)}
 
-__all__ = ["CUDA", "DIALECTS", "METAL", "OPENCL", "Dialect"]
+__all__ = ["CUDA", "C_OPS", "DIALECTS", "METAL", "OPENCL", "Dialect"]

@@ -43,7 +43,9 @@ from .schedules import (
 
 _SHUFFLED = (DType.float32, DType.bfloat16, DType.int32)  # 32-bit values: every dialect's shuffles take them
 
-_C_OPS = {"+": "+", "*": "*", "//": "/", "%": "%", "<": "<", "and": "&&"}
+_COMBINE = {"sum": "add", "max_reduce": "max"}  # a reduce op -> the op combining two partials
+
+_INDEX_OPS = {"+": "+", "*": "*", "//": "/", "%": "%", "<": "<", "and": "&&"}
 
 
 def c_index(e: Expr | int) -> str:
@@ -55,7 +57,7 @@ def c_index(e: Expr | int) -> str:
     if e.op in ("//", "%") and bounds(e.a)[0] < 0:
         rem = f"(({a} % {b} + {b}) % {b})"
         return rem if e.op == "%" else f"(({a} - {rem}) / {b})"
-    return f"({a} {_C_OPS[e.op]} {b})"
+    return f"({a} {_INDEX_OPS[e.op]} {b})"
 
 
 @dataclass
@@ -270,46 +272,18 @@ class _Emitter:
         return self.declare(e.dtype, self.read(e.buffer, index, e.dtype))
 
     def op(self, e: Op) -> str:
+        """e as a C expression over its operands (emitted first), written from the dialect's op table."""
         a = [self.emit(s) for s in e.srcs]
-        op, dt = e.op, e.dtype
-        m = self.d.math
-        if op == "cast":
-            return self.cast(a[0], e.srcs[0].dtype, dt)
-        if op == "where":
-            return f"({a[0]} ? {a[1]} : {a[2]})"
-        if op == "lt":
-            return f"({a[0]} < {a[1]})"
-        if op == "fma" and not dt.is_float:
-            return f"({a[0]} * {a[1]} + {a[2]})"
-        if op in ("exp2", "log2", "sin", "sqrt", "rsqrt", "fma"):
-            return f"{m[op]}({', '.join(a)})"
-        if op == "recip":
-            return f"(1.0f / {a[0]})"
-        if op == "neg":
-            return f"(!{a[0]})" if dt is DType.bool else f"(-{a[0]})"
-        if op == "mod":
-            if dt.is_float:
-                return f"{m['fmod']}({a[0]}, {a[1]})"
-            if dt is DType.bool:
-                return "false"
-            # 0 where the divisor is 0, as the interpreter; INT_MIN % -1 is undefined in C (a trap)
-            return f"((({a[1]} == 0) | ({a[1]} == -1)) ? ({self.reg_type(dt)})0 : {a[0]} % {a[1]})"
-        if op in ("add", "mul", "max"):
-            return self.combine(op, a[0], a[1], dt)
-        raise EclatError(f"kernel {self.k.name}: the GPU renderer has no lowering for op {op!r}")
+        if e.op == "cast":
+            return self.cast(a[0], e.srcs[0].dtype, e.dtype)
+        out = self.d.op(e.op, e.dtype, *a)
+        if out is None:
+            raise EclatError(f"kernel {self.k.name}: the GPU renderer has no lowering for op {e.op!r}")
+        return out
 
     def combine(self, op: str, x: str, y: str, dt: DType) -> str:
         """x op y for add/mul/max and the reduce ops sum/max_reduce (NaN-propagating max)."""
-        op = {"sum": "add", "max_reduce": "max"}.get(op, op)
-        if dt is DType.bool:
-            return f"({x} && {y})" if op == "mul" else f"({x} || {y})"
-        if op == "add":
-            return f"({x} + {y})"
-        if op == "mul":
-            return f"({x} * {y})"
-        if dt.is_float:
-            return f"(({self.d.math['isnan']}({x}) || {x} > {y}) ? {x} : {y})"
-        return f"({x} > {y} ? {x} : {y})"
+        return self.d.op(_COMBINE.get(op, op), dt, x, y)
 
     def cast(self, x: str, src: DType, dst: DType) -> str:
         if dst is DType.bool:
