@@ -7,21 +7,48 @@ reloaded, checked against PyTorch.
 """
 
 import os
-import sys
 import tempfile
 import time
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-
-import eclat  # noqa: E402
-from tests.zoo import make_cnn  # noqa: E402
+import eclat
 
 
-def make():
+class CNN(nn.Module):
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(2)
+        self.conv3 = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+        self.avg = nn.AvgPool2d(2, stride=1)
+        self.adapt = nn.AdaptiveAvgPool2d(2)
+        self.fc = nn.Linear(16 * 2 * 2, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        x = self.pool(x)
+        x = self.avg(F.relu(self.conv3(x)))
+        x = torch.flatten(self.adapt(x), 1)
+        return self.fc(x)
+
+
+def make(batch: int = 2, size: int = 16):
     """(model, example_inputs): a batch of two 3x16x16 images."""
-    return make_cnn(batch=2, size=16)
+    torch.manual_seed(0)
+    model = CNN()
+    for bn in (model.bn1, model.bn2):  # batch norm statistics as if trained, not the identity
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 1.5)
+        bn.weight.data.uniform_(0.5, 1.5)
+        bn.bias.data.uniform_(-0.5, 0.5)
+    return model.eval(), (torch.randn(batch, 3, size, size),)
 
 
 def main() -> None:
