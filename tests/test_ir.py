@@ -98,7 +98,6 @@ def test_graph_order_sharing_and_counts() -> None:
     order = graph.nodes()
     assert order.index(s) < order.index(out) and len(order) == 4
     assert graph.op_counts() == {"input": 1, "weight": 1, "add": 1, "mul": 1}
-    assert [n.op for n in graph.users()[id(s)]] == ["mul", "mul"]
     got = run(graph, [np.array([1.0, 2.0], np.float32)])
     assert got[0].tolist() == [4.0, 9.0] and got[1].tolist() == [2.0, 3.0]
     with pytest.raises(ValueError, match="expected 1 inputs, got 0"):

@@ -252,13 +252,6 @@ class Graph:
             stack.extend((s, False) for s in reversed(node.srcs) if id(s) not in seen)
         return order
 
-    def users(self) -> dict[int, list[Node]]:
-        out: dict[int, list[Node]] = {}
-        for n in self.nodes():
-            for s in n.srcs:
-                out.setdefault(id(s), []).append(n)
-        return out
-
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for n in self.nodes():
