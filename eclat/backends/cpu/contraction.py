@@ -1,0 +1,273 @@
+"""Contraction kernels (GEMM, GEMV, convolutions as GEMMs) as an explicit register-blocked
+micro-kernel: MR x NR accumulators, NR a whole number of vectors of the vector unit's lanes, held
+in vector registers and updated by fma, with constant right-hand operands packed into NR-wide
+panels at compile time (and other right-hand operands copied into a dense panel per call when
+several row blocks read it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import llvmlite.ir as ir
+import numpy as np
+
+from ...compiler.group import ravel, terms
+from ...compiler.kernel import (
+    Buffer,
+    Contraction,
+    Kernel,
+    KExpr,
+    Load,
+    as_contraction,
+    axis_vars,
+    free_vars,
+    loads,
+)
+from ...ir.dtypes import DType
+from ...ir.symbolic import Num, Var, evaluate
+from ...ir.view import contiguous_strides
+from .emitter import KernelEmitter
+from .scalar import F32, I32, PTR, i64, intrinsic, store_through, vector_ptr
+
+PACKED = "pack:"  # name prefix of weights packed at compile time
+RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
+PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
+CACHE_LINE = 64  # bytes a prefetch brings in
+
+
+def contraction_of(kernel: Kernel) -> Contraction | None:
+    """The contraction the micro-kernel computes for kernel: float32 only."""
+    return as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
+
+
+class ContractionEmitter(KernelEmitter):
+    """Emits a contraction kernel: one outer loop over (panel, batch) pairs, the row blocks of a
+    panel inside, the micro-kernel for each, then the kernel's epilogue per element of the tile."""
+
+    inner_loops = False  # the micro-kernel is interleaved by hand
+
+    def __init__(self, mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer],
+                 packed: dict[str, np.ndarray], lanes: int, contraction: Contraction):
+        super().__init__(mod, kernel, buffers, packed, lanes)
+        self.contraction = contraction
+        self.pack_name = self._pack()
+        if self.pack_name:
+            self.arg_names.append(self.pack_name)
+            self.used = {x.buffer for x in loads(kernel.body) if x != contraction.b}
+            self.used |= {kernel.out, self.pack_name}
+
+    def _pack(self) -> str | None:
+        """Pack a constant right operand into [panels, K, NR] so that each step of the
+        micro-kernel reads NR contiguous values. Returns the packed buffer's name."""
+        c, k = self.contraction, self.k
+        b = c.b
+        if not (isinstance(b, Load) and b.valid == Num(1) and self.buffers[b.buffer].role == "weight"):
+            return None
+        n_var, k_var = f"i{c.n_axis}", c.reduce.var.name
+        if not free_vars(b) <= {n_var, k_var}:
+            return None
+        nr = self.tile()[1]
+        n, kk = k.shape[c.n_axis], c.reduce.size
+        name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
+        if name not in self.packed:
+            panels = -(-n // nr)
+            cols = np.arange(panels * nr)
+            idx = evaluate(b.index, {n_var: np.minimum(cols, n - 1)[None, :], k_var: np.arange(kk)[:, None]})
+            data = np.asarray(self.buffers[b.buffer].data)[np.broadcast_to(idx, (kk, panels * nr))]
+            data = np.where(cols[None, :] < n, data, 0).astype(np.float32)
+            self.packed[name] = np.ascontiguousarray(
+                data.reshape(kk, panels, nr).transpose(1, 0, 2)).reshape(-1)
+            self.buffers[name] = Buffer(name, self.packed[name].size, DType.float32, "weight",
+                                        self.packed[name])
+        return name
+
+    def tile(self) -> tuple[int, int]:
+        """The schedule's register block, clamped to the rows and whole vectors."""
+        c, k, lanes = self.contraction, self.k, self.lanes
+        mr, nr = k.schedule.tile
+        m_size = k.shape[c.m_axis] if c.m_axis is not None else 1
+        return max(1, min(mr, m_size)), max(lanes, nr - nr % lanes)
+
+    def body(self) -> int:
+        c: Contraction = self.contraction
+        k, lanes = self.k, self.lanes
+        shape = k.shape
+        if 0 in shape:
+            return 0
+        mr, nr = self.tile()
+        nv = nr // lanes
+        m_size = shape[c.m_axis] if c.m_axis is not None else 1
+        n_size, kk = shape[c.n_axis], c.reduce.size
+        panels, blocks = -(-n_size // nr), -(-m_size // mr)
+        self.streaming = blocks == 1  # each packed weight is read once per call
+        batch = [a for a in range(len(shape)) if a not in (c.m_axis, c.n_axis)]
+        tile = self.b.alloca(F32, size=mr * nr)
+        vt = ir.VectorType(F32, lanes)
+        fma = intrinsic(self.mod, "llvm.fma", vt, 3)
+        b_unit = self._unit_stride(c.b, f"i{c.n_axis}")
+        # a right operand that is not a constant: copy each K x NR panel into a dense scratch
+        # once, and let every row block read it with vector loads
+        self.scratch = None
+        if self.pack_name is None and blocks > 1 and 0 < kk * nr * 4 <= RUNTIME_PACK_BYTES:
+            self.scratch = self.b.alloca(F32, size=kk * nr)
+
+        def micro(p: ir.Value, mb: ir.Value) -> None:
+            bb = self.b
+            n0 = bb.mul(p, i64(nr))
+            m0 = bb.mul(mb, i64(mr))
+            full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), i64(n_size))
+
+            def kstep(kv: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                self.scope.bind(c.reduce.var.name, kv)
+                bvecs = self._b_vectors(c, p, n0, kv, nr, full, b_unit, vt)
+                out = list(accs)
+                for r in range(mr):
+                    with self.scope.nested():
+                        if c.m_axis is not None:
+                            row, last = bb.add(m0, i64(r)), i64(m_size - 1)
+                            row = bb.select(bb.icmp_signed(">", row, last), last, row)
+                            self.scope.bind(f"i{c.m_axis}", row)
+                        av = self.emit(c.a)
+                    splat = bb.shuffle_vector(bb.insert_element(ir.Constant(vt, ir.Undefined), av, i64(0)),
+                                              ir.Constant(vt, ir.Undefined),
+                                              ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+                    for v in range(nv):
+                        j = r * nv + v
+                        out[j] = bb.call(fma, [splat, bvecs[v], accs[j]])
+                return out
+
+            zeros = [ir.Constant(vt, [0.0] * lanes)] * (mr * nv)
+            accs = self.loop(i64(0), i64(kk), zeros, kstep) if kk else zeros
+            for j, acc in enumerate(accs):
+                store_through(bb, acc, bb.gep(tile, [i64(j * lanes)], source_etype=F32))
+            self._epilogue(c, tile, m0, n0, mr, nr, m_size, n_size)
+
+        # one outer loop over (panel, batch) pairs, panel-major: threads split it even when
+        # there is a single panel (a convolution's GEMM over 16 output columns per image row)
+        sizes = [shape[a] for a in batch]
+        per_panel = math.prod(sizes)
+
+        def step(j: ir.Value, _a: list) -> list:
+            bb = self.b
+            p = bb.sdiv(j, i64(per_panel))
+            rest = bb.srem(j, i64(per_panel))
+            for a, stride, size in zip(batch, contiguous_strides(sizes), sizes):
+                self.scope.bind(f"i{a}", bb.srem(bb.sdiv(rest, i64(stride)), i64(size)))
+            if self.scratch is not None:
+                self._pack_panel(c, bb.mul(p, i64(nr)), nr, kk, n_size)
+            self.loop(i64(0), i64(blocks), [], lambda mb, _c: micro(p, mb) or [])
+            return []
+
+        self.loop(self.fn.args[1], self.fn.args[2], [], step)
+        return panels * per_panel
+
+    def _pack_panel(self, c: Contraction, n0: ir.Value, nr: int, kk: int, n_size: int) -> None:
+        """scratch[k * NR + col] = b at (n0 + col clamped, k), for the current batch."""
+        def step(kv: ir.Value, _a: list) -> list:
+            self.scope.bind(c.reduce.var.name, kv)
+            for col, val in enumerate(self._b_columns(c, n0, nr, n_size)):
+                at = self.b.add(self.b.mul(kv, i64(nr)), i64(col))
+                self.b.store(val, self.b.gep(self.scratch, [at], source_etype=F32))
+            return []
+        self.loop(i64(0), i64(kk), [], step)
+
+    def _unit_stride(self, e: KExpr, n_var: str) -> bool:
+        if not (isinstance(e, Load) and e.valid == Num(1)):
+            return False
+        coefs = [c for c, a in terms(e.index) if isinstance(a, Var) and a.name == n_var]
+        return coefs == [1]
+
+    def _b_vectors(self, c: Contraction, p: ir.Value, n0: ir.Value, kv: ir.Value, nr: int,
+                   full: ir.Value, unit: bool, vt: ir.VectorType) -> list[ir.Value]:
+        """The NR values of the right operand at step k, as NR/lanes vectors."""
+        bb, lanes = self.b, self.lanes
+        nv = nr // lanes
+        if self.scratch is not None:
+            base = bb.mul(kv, i64(nr))
+            return [bb.load(vector_ptr(bb, self.scratch, bb.add(base, i64(v * lanes))), typ=vt, align=4)
+                    for v in range(nv)]
+        if self.pack_name:
+            base = bb.mul(bb.add(bb.mul(p, i64(c.reduce.size)), kv), i64(nr))
+            ptr = self.ptr[self.pack_name]
+            if self.streaming:
+                self._prefetch(ptr, base, nr)
+            return [bb.load(bb.gep(ptr, [bb.add(base, i64(v * lanes))], source_etype=F32), typ=vt, align=4)
+                    for v in range(nv)]
+        if not unit:
+            return self._b_scalar(c, n0, nr, vt)
+        # full panels: vector loads; the last partial panel: clamped scalar loads
+        with bb.if_else(full) as (then, otherwise):
+            with then:
+                with self.scope.nested():
+                    self.scope.bind(f"i{c.n_axis}", n0)
+                    start = self.sym(c.b.index)
+                    ptr = self.ptr[c.b.buffer]
+                    fast = [bb.load(bb.gep(ptr, [bb.add(start, i64(v * lanes))], source_etype=F32),
+                                    typ=vt, align=4) for v in range(nv)]
+                then_block = bb.block
+            with otherwise:
+                slow = self._b_scalar(c, n0, nr, vt)
+                else_block = bb.block
+        out = []
+        for fv, sv in zip(fast, slow):
+            phi = bb.phi(vt)
+            phi.add_incoming(fv, then_block)
+            phi.add_incoming(sv, else_block)
+            out.append(phi)
+        return out
+
+    def _prefetch(self, ptr: ir.Value, base: ir.Value, nr: int) -> None:
+        """Touch the packed stream PREFETCH_BYTES ahead, one prefetch per cache line of the NR-wide
+        row: a kernel that reads each weight once (few rows) waits on DRAM, and the hardware
+        prefetcher alone keeps too few lines in flight. (A distance in bytes, whatever the lanes.)"""
+        bb = self.b
+        fn = self.mod.globals.get("llvm.prefetch.p0") or ir.Function(
+            self.mod, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]), "llvm.prefetch.p0")
+        for line in range(0, nr * 4, CACHE_LINE):
+            at = bb.gep(ptr, [bb.add(base, i64((PREFETCH_BYTES + line) // 4))], source_etype=F32)
+            bb.call(fn, [at, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+    def _b_columns(self, c: Contraction, n0: ir.Value, nr: int, n_size: int) -> list[ir.Value]:
+        """The right operand at columns n0 .. n0+NR-1 (clamped to the last column)."""
+        bb = self.b
+        out = []
+        for col in range(nr):
+            with self.scope.nested():
+                n = bb.add(n0, i64(col))
+                last = i64(n_size - 1)
+                self.scope.bind(f"i{c.n_axis}", bb.select(bb.icmp_signed(">", n, last), last, n))
+                out.append(self.emit(c.b))
+        return out
+
+    def _b_scalar(self, c: Contraction, n0: ir.Value, nr: int, vt: ir.VectorType) -> list:
+        lanes = self.lanes
+        vecs = [ir.Constant(vt, ir.Undefined) for _ in range(nr // lanes)]
+        for col, val in enumerate(self._b_columns(c, n0, nr, self.k.shape[c.n_axis])):
+            vecs[col // lanes] = self.b.insert_element(vecs[col // lanes], val, i64(col % lanes))
+        return vecs
+
+    def _epilogue(self, c: Contraction, tile: ir.Value, m0: ir.Value, n0: ir.Value, mr: int, nr: int,
+                  m_size: int, n_size: int) -> None:
+        bb = self.b
+        rows = bb.sub(i64(m_size), m0)
+        rows = bb.select(bb.icmp_signed("<", rows, i64(mr)), rows, i64(mr))
+        cols = bb.sub(i64(n_size), n0)
+        cols = bb.select(bb.icmp_signed("<", cols, i64(nr)), cols, i64(nr))
+        vars_ = axis_vars(self.k.shape)
+
+        def row(r: ir.Value, _a: list) -> list:
+            if c.m_axis is not None:
+                self.scope.bind(f"i{c.m_axis}", bb.add(m0, r))
+
+            def col(cc: ir.Value, _b: list) -> list:
+                self.scope.bind(f"i{c.n_axis}", bb.add(n0, cc))
+                at = bb.add(bb.mul(r, i64(nr)), cc)
+                acc = bb.load(bb.gep(tile, [at], source_etype=F32), typ=F32)
+                self.scope.remember(c.reduce, acc)
+                self.store(self.k.out, ravel(vars_, self.k.shape), self.emit(self.k.body), self.k.body.dtype)
+                return []
+            self.loop(i64(0), cols, [], col)
+            return []
+        self.loop(i64(0), rows, [], row)

@@ -1,0 +1,558 @@
+"""One kernel as an LLVM function `void k(ptr args, i64 lo, i64 hi)`: the slice [lo, hi) of its
+outermost loop, which is how the thread pool splits it.
+
+A generic kernel is a loop nest with its reductions hoisted to the loop level where their inputs
+are known; LLVM's loop and SLP vectorisers widen the inner loops, which carry hints (vectors in
+flight, and a forced vectorisation of rows shorter than the vectoriser's own threshold) computed
+for the vector unit's lane count. Expressions are emitted once per scope (backends.scope.Scope)
+and each op is emitted by the function `OPS` maps it to. Contractions are emitted by
+contraction.ContractionEmitter, a subclass.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import llvmlite.ir as ir
+import numpy as np
+
+from ...compiler.group import ravel
+from ...compiler.kernel import (
+    Buffer,
+    Const,
+    Gather,
+    Index,
+    Kernel,
+    KExpr,
+    Load,
+    Op,
+    Reduce,
+    assume_in,
+    axis_vars,
+    free_vars,
+    loads,
+    reduces,
+    rewrite,
+)
+from ...ir.dtypes import DType
+from ...ir.symbolic import (
+    BinOp,
+    Expr,
+    Num,
+    Var,
+    conjuncts,
+    is_range,
+    logical_and,
+    ranges,
+    rename,
+    variables,
+)
+from ..scope import Scope
+from .mathlib import math_function
+from .scalar import (
+    F32,
+    I1,
+    I8,
+    I32,
+    I64,
+    PTR,
+    binary,
+    cast,
+    cast_int,
+    constant,
+    i64,
+    identity,
+    intrinsic,
+    mem_type,
+    reg_type,
+    zero,
+)
+
+KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
+INTERLEAVE = 4  # vectors in flight in vectorised inner loops
+VECTORIZER_MIN_TRIP = 16  # LLVM's loop vectoriser leaves loops shorter than this alone unless told
+UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
+COMBINE = {"sum": "add", "max_reduce": "max"}  # the binary op that folds each reduction
+LOOP_HINT = "eclat.loop.hint"  # Jitted turns this into a distinct self-referencing loop id
+
+
+class KernelEmitter:
+    """Emits one generic kernel (loops, hoisted reductions) for a vector unit of `lanes` float32
+    lanes. arg_names: the buffers the function takes, in order; used: those its code dereferences."""
+
+    inner_loops = True  # whether innermost loops get vectoriser hints
+
+    def __init__(self, mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer],
+                 packed: dict[str, np.ndarray], lanes: int):
+        self.mod, self.k, self.buffers, self.packed, self.lanes = mod, kernel, buffers, packed, lanes
+        # arguments in order of first use, so that kernels equal up to names look equal
+        self.arg_names = list(dict.fromkeys([x.buffer for x in loads(kernel.body)] + [kernel.out] +
+                                            [sd.out for sd in kernel.sides]))
+        self.pack_name: str | None = None  # a weight packed at compile time, read instead of its source
+        self.used = set(self.arg_names)  # what the code dereferences: not a weight it reads packed
+
+    def key(self) -> str:
+        """The kernel's code with its buffers named by argument position."""
+        canon = {n: f"arg{j}:{self.buffers[n].numel}" for j, n in enumerate(self.arg_names)}
+        text = str(self.k.body) + "".join(f"|sum:{sd.body}" for sd in self.k.sides)
+        body = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={canon[m.group(1)]}", text)
+        rvars: dict[str, str] = {}  # reduce variables are named after graph positions
+        body = re.sub(r"\br\d+\b", lambda m: rvars.setdefault(m.group(0), f"r#{len(rvars)}"), body)
+        return f"{self.k.shape}|{self.k.schedule}|{canon[self.k.out]}|{self.pack_name is not None}|{body}"
+
+    def function(self) -> int:
+        """Emit the function; returns the length of its outermost (parallel) loop."""
+        self.fn = ir.Function(self.mod, KERNEL_TYPE, self.k.name)
+        self.fn.linkage = "internal"
+        self.fn.attributes.add("noinline")  # shared by layers and the profiling entries: compile once
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.scope: Scope[ir.Value] = Scope()
+        self.ptr = {n: self.b.load(self.b.gep(self.fn.args[0], [i64(j)], source_etype=PTR), typ=PTR)
+                    for j, n in enumerate(self.arg_names)}
+        self.fv_memo: dict = {}
+        self._nested = False
+        outer = self.body()
+        self.b.ret_void()
+        return outer
+
+    def var(self, name: str) -> ir.Value:
+        try:
+            return self.scope.var(name)
+        except KeyError:
+            raise KeyError(f"index variable {name} is not bound in kernel {self.k.name}") from None
+
+    # --- loops ------------------------------------------------------------------------------
+    def loop(self, start: ir.Value, stop: ir.Value, inits: Sequence[ir.Value],
+             body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
+        """for i in [start, stop): accs = body(i, accs); returns the final accs."""
+        b = self.b
+        pre = b.block
+        header = self.fn.append_basic_block("loop")
+        exit_ = self.fn.append_basic_block("after")
+        b.cbranch(b.icmp_signed("<", start, stop), header, exit_)
+        b.position_at_end(header)
+        i = b.phi(I64)
+        i.add_incoming(start, pre)
+        phis = []
+        for v in inits:
+            p = b.phi(v.type)
+            p.add_incoming(v, pre)
+            phis.append(p)
+        with self.scope.nested():
+            self._nested = False
+            new = body(i, list(phis))
+        latch = b.block
+        nxt = b.add(i, i64(1))
+        nxt.flags.append("nsw")
+        br = b.cbranch(b.icmp_signed("<", nxt, stop), header, exit_)
+        if self.inner_loops and not self._nested:
+            trip = stop.constant - start.constant if isinstance(start, ir.Constant) and \
+                isinstance(stop, ir.Constant) else None
+            br.set_metadata("llvm.loop", loop_hint(self.mod, self.k.schedule.unroll, self.lanes, trip))
+        self._nested = True
+        i.add_incoming(nxt, latch)
+        for p, v in zip(phis, new):
+            p.add_incoming(v, latch)
+        b.position_at_end(exit_)
+        out = []
+        for init, v in zip(inits, new):
+            p = b.phi(v.type)
+            p.add_incoming(init, pre)
+            p.add_incoming(v, latch)
+            out.append(p)
+        return out
+
+    def hoist(self, candidates: list[Reduce]) -> None:
+        """Evaluate every candidate reduce whose variables are all bound now."""
+        bound = self.scope.bound()
+        for r in candidates:
+            if free_vars(r, self.fv_memo) <= bound and self.scope.cached(r) is None:
+                self.scope.remember(r, self.reduce(r))
+
+    # --- generic kernels ---------------------------------------------------------------------
+    def body(self) -> int:
+        """The kernel's loops; returns the length of the outermost."""
+        k = self.k
+        cands = reduces(k.body)
+        shape = k.shape
+        vars_ = axis_vars(shape)
+        if 0 in shape:
+            return 0
+        # leading unit axes are constants, so the first real axis is the one threads split
+        lead = next((d for d, n in enumerate(shape) if n > 1), max(len(shape) - 1, 0))
+        for d in range(lead):
+            self.scope.bind(vars_[d].name, i64(0))
+        self.hoist(cands)
+        if not shape:
+            self.store(k.out, Num(0), self.emit(k.body), k.body.dtype)
+            return 1
+
+        pad = self._pad_split() if len(shape) - 1 > lead else None
+
+        def level(d: int, i: ir.Value, _accs: list) -> list:
+            self.scope.bind(vars_[d].name, i)
+            self.hoist(cands)
+            if d + 2 == len(shape) and pad is not None:
+                self._padded_row(vars_, *pad)
+            elif d + 2 == len(shape) and k.sides:
+                self._row_with_sides(vars_, cands)
+            elif d + 1 < len(shape):
+                self.loop(i64(0), i64(shape[d + 1]), [], lambda i2, a: level(d + 1, i2, a))
+            else:
+                self.store(k.out, ravel(vars_, shape), self.emit(k.body), k.body.dtype)
+            return []
+
+        self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(lead, i, a))
+        return shape[lead]
+
+    def _row_with_sides(self, vars_: list[Var], cands: list[Reduce]) -> None:
+        """The last axis: each value stored, and each side sum accumulated from it."""
+        k = self.k
+        where = ravel(vars_, k.shape)
+        own = Load(k.out, where, Num(1), k.body.dtype)
+
+        def element(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            self.scope.bind(vars_[-1].name, i)
+            self.hoist(cands)
+            v = self.emit(k.body)
+            self.store(k.out, where, v, k.body.dtype)
+            self.scope.remember(own, v)
+            return [binary(self.b, "add", [acc, self.emit(sd.body)], DType.float32)
+                    for acc, sd in zip(accs, k.sides)]
+
+        sums = self.loop(i64(0), i64(k.shape[-1]), [zero(DType.float32)] * len(k.sides), element)
+        row = ravel(vars_[:-1], k.shape[:-1])
+        for sd, value in zip(k.sides, sums):
+            self.store(sd.out, row, value, DType.float32)
+
+    def _pad_split(self) -> tuple[Expr, int, int, KExpr] | None:
+        """For a padding kernel, where(mask, x, 0) at the top with the innermost axis bounded
+        by the mask: (the mask's other terms, the interior lo..hi, x simplified under the mask).
+        Rows are then written as zeros | x unmasked | zeros, which vectorise; a per-element
+        mask and clamped reads do not."""
+        body, last = self.k.body, f"i{len(self.k.shape) - 1}"
+        if not (isinstance(body, Op) and body.op == "where" and isinstance(body.srcs[0], Index)
+                and isinstance(body.srcs[2], Const) and body.srcs[2].value == 0):
+            return None
+        cond = body.srcs[0].expr
+        terms_ = conjuncts(cond)
+        inner = [t for t in terms_ if last in variables(t)]
+        if not inner or not all(is_range(t) for t in inner):
+            return None
+        lo, hi = ranges(cond)[last]
+        outer: Expr = Num(1)
+        for t in terms_:
+            if t not in inner:
+                outer = logical_and(outer, t)
+        return outer, lo, hi, assume_in(body.srcs[1], cond)
+
+    def _padded_row(self, vars_: list[Var], outer: Expr, lo: int, hi: int, x: KExpr) -> None:
+        k, b = self.k, self.b
+        n, dt = k.shape[-1], k.body.dtype
+        where = ravel(vars_, k.shape)
+
+        def zeros(start: int, stop: int) -> None:
+            def body(i: ir.Value, _a: list) -> list:
+                self.scope.bind(vars_[-1].name, i)
+                self.store(k.out, where, zero(dt), dt)
+                return []
+            self.loop(i64(start), i64(stop), [], body)
+
+        def interior(i: ir.Value, _a: list) -> list:
+            self.scope.bind(vars_[-1].name, i)
+            self.hoist(self.x_reduces)
+            self.store(k.out, where, self.emit(x), dt)
+            return []
+
+        self.x_reduces = reduces(x)
+        with b.if_else(b.icmp_signed("!=", self.sym(outer), i64(0))) as (then, otherwise):
+            with then:
+                zeros(0, max(lo, 0))
+                self.hoist(self.x_reduces)
+                self.loop(i64(max(lo, 0)), i64(min(hi + 1, n)), [], interior)
+                zeros(min(hi + 1, n), n)
+            with otherwise:
+                zeros(0, n)
+
+    def store(self, buf: str, index: Expr, v: ir.Value, dt: DType) -> None:
+        if dt is DType.bool:
+            v = self.b.zext(v, I8)
+        at = self.b.gep(self.ptr[buf], [self.sym(index)], inbounds=True, source_etype=mem_type(dt))
+        self.b.store(v, at)
+
+    # --- index arithmetic --------------------------------------------------------------------
+    def sym(self, e: Expr) -> ir.Value:
+        if isinstance(e, int):
+            return i64(e)
+        if isinstance(e, Num):
+            return i64(e.v)
+        if isinstance(e, Var):
+            return self.var(e.name)
+        key = ("sym", e)
+        hit = self.scope.cached(key)
+        if hit is not None:
+            return hit
+        assert isinstance(e, BinOp)
+        v = _INDEX_OPS[e.op](self.b, self.sym(e.a), self.sym(e.b))
+        return self.scope.remember(key, v)
+
+    # --- values ------------------------------------------------------------------------------
+    def emit(self, e: KExpr) -> ir.Value:
+        hit = self.scope.cached(e)
+        if hit is not None:
+            return hit
+        b = self.b
+        if isinstance(e, Const):
+            return constant(e.value, e.dtype)
+        if isinstance(e, Index):
+            v = self.sym(e.expr)
+            out = b.icmp_signed("!=", v, i64(0)) if e.dtype is DType.bool else cast_int(b, v, e.dtype)
+        elif isinstance(e, Load):
+            out = self.load(e.buffer, e.index, e.valid, e.dtype)
+        elif isinstance(e, Gather):
+            idx = self.emit(e.idx)
+            idx = b.sext(idx, I64) if idx.type != I64 else idx
+            idx = b.select(b.icmp_signed("<", idx, i64(0)), i64(0), idx)
+            idx = b.select(b.icmp_signed(">", idx, i64(e.rows - 1)), i64(e.rows - 1), idx)
+            flat = b.add(b.mul(idx, i64(e.row_size)), self.sym(e.inner))
+            out = self.load_at(e.buffer, flat, e.dtype)
+        elif isinstance(e, Op):
+            out = self.op(e)
+        elif isinstance(e, Reduce):
+            out = self.reduce(e)
+        else:  # pragma: no cover
+            raise TypeError(f"not a kernel expression: {e!r}")
+        return self.scope.remember(e, out)
+
+    def load(self, buf: str, index: Expr, valid: Expr, dt: DType) -> ir.Value:
+        if self.buffers[buf].numel == 0 or valid == Num(0):
+            return zero(dt)
+        if valid == Num(1):
+            return self.load_at(buf, self.sym(index), dt)
+        b = self.b
+        ok = b.icmp_signed("!=", self.sym(valid), i64(0))
+        v = self.load_at(buf, b.select(ok, self.sym(index), i64(0)), dt)
+        return b.select(ok, v, zero(dt))
+
+    def load_at(self, buf: str, flat: ir.Value, dt: DType) -> ir.Value:
+        v = self.b.load(self.b.gep(self.ptr[buf], [flat], inbounds=True, source_etype=mem_type(dt)),
+                        typ=mem_type(dt))
+        return self.b.trunc(v, I1) if dt is DType.bool else v
+
+    def op(self, e: Op) -> ir.Value:
+        emit = OPS.get(e.op)
+        if emit is None:
+            raise NotImplementedError(f"op {e.op} on {e.dtype.short}")
+        return emit(self, e)
+
+    def args(self, e: Op) -> list[ir.Value]:
+        """e's operands, emitted in order."""
+        return [self.emit(s) for s in e.srcs]
+
+    def _term(self, r: Reduce, cands: list[Reduce], i: ir.Value) -> ir.Value:
+        """r's body at r.var = i, its own inner reduces hoisted where they can be."""
+        self.scope.bind(r.var.name, i)
+        self.hoist(cands)
+        return self.emit(r.body)
+
+    def reduce(self, r: Reduce) -> ir.Value:
+        cands = reduces(r.body)
+        op = COMBINE[r.op]
+        if r.size <= UNROLL_REDUCE:  # a pooling window: straight-line code keeps the outer loop vectorisable
+            acc = identity(r.op, r.dtype)
+            for j in range(r.size):
+                with self.scope.nested():
+                    acc = binary(self.b, op, [acc, self._term(r, cands, i64(j))], r.dtype)
+            return acc
+        if r.op == "max_reduce" and r.dtype.is_float:
+            return self._float_max(r, cands)
+        return self.loop(i64(0), i64(r.size), [identity(r.op, r.dtype)],
+                         lambda i, accs: [binary(self.b, op, [accs[0], self._term(r, cands, i)], r.dtype)])[0]
+
+    def _float_max(self, r: Reduce, cands: list[Reduce]) -> ir.Value:
+        """A NaN-propagating max as a plain maxnum (declared NaN-free and sign-of-zero-free: one
+        vmaxps; max(-0, +0) may give either) beside a running sum, which is NaN if a term is
+        NaN (or infinities of both signs meet). Only then does a second pass look for a NaN: one
+        vaddps per vector instead of the four that an `or` of NaN tests legalises to."""
+        b = self.b
+        maxnum = intrinsic(self.mod, "llvm.maxnum", reg_type(r.dtype), 2)
+
+        def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            x = self._term(r, cands, i)
+            return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz")),
+                    binary(b, "add", [accs[1], x], r.dtype)]
+
+        best, total = self.loop(i64(0), i64(r.size), [identity(r.op, r.dtype), zero(r.dtype)], body)
+        pre = b.block
+        with b.if_then(b.fcmp_unordered("uno", total, total), likely=False):
+            nan_seen = self.loop(i64(0), i64(r.size), [ir.Constant(I1, 0)], lambda i, accs: [
+                b.or_(accs[0], b.fcmp_unordered("uno", *[self._term(r, cands, i)] * 2))])[0]
+            checked = b.block
+        nan = b.phi(I1)
+        nan.add_incoming(ir.Constant(I1, 0), pre)
+        nan.add_incoming(nan_seen, checked)
+        return b.select(nan, ir.Constant(best.type, math.nan), best)
+
+
+# --- index arithmetic: i64, never wrapping -------------------------------------------------------
+
+def _nsw(v: ir.Instruction) -> ir.Instruction:
+    v.flags.append("nsw")
+    return v
+
+
+def _both(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.zext(b.and_(b.icmp_signed("!=", x, i64(0)), b.icmp_signed("!=", y, i64(0))), I64)
+
+
+_INDEX_OPS: dict[str, Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]] = {
+    "+": lambda b, x, y: _nsw(b.add(x, y)),
+    "*": lambda b, x, y: _nsw(b.mul(x, y)),
+    "//": lambda b, x, y: b.sdiv(x, y),
+    "%": lambda b, x, y: b.srem(x, y),
+    "<": lambda b, x, y: b.zext(b.icmp_signed("<", x, y), I64),
+    "and": _both,
+}
+
+
+# --- ops: name -> the function emitting it ---------------------------------------------------------
+
+OpEmitter = Callable[[KernelEmitter, Op], ir.Value]
+
+
+def _binary(em: KernelEmitter, e: Op) -> ir.Value:
+    return binary(em.b, e.op, em.args(e), e.dtype)
+
+
+def _cast(em: KernelEmitter, e: Op) -> ir.Value:
+    return cast(em.b, em.emit(e.srcs[0]), e.srcs[0].dtype, e.dtype)
+
+
+def _max(em: KernelEmitter, e: Op) -> ir.Value:
+    clamp = _negated_max(e) if e.dtype.is_float else None
+    if clamp is not None:  # max(-a, c) = -minimum(a, -c), exactly: one vminps, no sign flips
+        a, c = clamp
+        return em.b.fneg(em.b.call(intrinsic(em.mod, "llvm.minimum", reg_type(e.dtype), 2),
+                                   [em.emit(a), ir.Constant(reg_type(e.dtype), -c)]))
+    return _binary(em, e)
+
+
+def _where(em: KernelEmitter, e: Op) -> ir.Value:
+    return em.b.select(*em.args(e))
+
+
+def _lt(em: KernelEmitter, e: Op) -> ir.Value:
+    x, y = em.args(e)
+    src = e.srcs[0].dtype
+    if src.is_float:
+        return em.b.fcmp_ordered("<", x, y)
+    return (em.b.icmp_unsigned if src is DType.bool else em.b.icmp_signed)("<", x, y)
+
+
+def _math(em: KernelEmitter, e: Op) -> ir.Value:
+    """exp2, log2 and sin from mathlib, in float32 (exp2 of a softmax's x - max(x) skips the
+    overflow clamp)."""
+    (x,) = em.args(e)
+    b = em.b
+    nonpositive = e.op == "exp2" and _below_own_max(e.srcs[0], axis_vars(em.k.shape))
+    fn = math_function(em.mod, "exp2_nonpositive" if nonpositive else e.op)
+    if x.type != F32:
+        return b.fptrunc(b.call(fn, [b.fpext(x, F32)]), x.type)
+    return b.call(fn, [x])
+
+
+def _sqrt(em: KernelEmitter, e: Op) -> ir.Value:
+    args = em.args(e)
+    return em.b.call(intrinsic(em.mod, "llvm.sqrt", args[0].type), args)
+
+
+def _neg(em: KernelEmitter, e: Op) -> ir.Value:
+    (x,) = em.args(e)
+    return em.b.fneg(x) if e.dtype.is_float else em.b.sub(ir.Constant(x.type, 0), x)
+
+
+def _recip(em: KernelEmitter, e: Op) -> ir.Value:
+    (x,) = em.args(e)
+    return em.b.fdiv(ir.Constant(x.type, 1.0), x)
+
+
+def _fma(em: KernelEmitter, e: Op) -> ir.Value:
+    args = em.args(e)
+    if not e.dtype.is_float:
+        b = em.b
+        return binary(b, "add", [binary(b, "mul", args[:2], e.dtype), args[2]], e.dtype)
+    return em.b.call(intrinsic(em.mod, "llvm.fmuladd", args[0].type, 3), args)
+
+
+OPS: dict[str, OpEmitter] = {
+    "add": _binary,
+    "mul": _binary,
+    "mod": _binary,
+    "max": _max,
+    "lt": _lt,
+    "where": _where,
+    "cast": _cast,
+    "neg": _neg,
+    "recip": _recip,
+    "sqrt": _sqrt,
+    "exp2": _math,
+    "log2": _math,
+    "sin": _math,
+    "fma": _fma,
+}
+
+
+# --- value facts ------------------------------------------------------------------------------
+
+def _negated_max(e: Op) -> tuple[KExpr, float] | None:
+    """(a, c) when e is max(-a, c) or max(c, -a) for a constant c: a min in disguise, as the IR
+    writes minimum(x, c) (a clamp's upper bound) without a min op."""
+    for neg, c in (e.srcs, e.srcs[::-1]):
+        if isinstance(neg, Op) and neg.op == "neg" and isinstance(c, Const):
+            return neg.srcs[0], float(c.value)
+    return None
+
+
+def _below_own_max(e: KExpr, axes: list[Var]) -> bool:
+    """Whether e is (x - max_r x) or (x - max_r x) * c with c >= 0, x taken at an axis the
+    reduction spans: never above 0, or NaN. The reduction's terms are x itself, emitted by the
+    same code, so they round the same way (softmax over scores * scale + mask included)."""
+    if isinstance(e, Op) and e.op == "mul":
+        scale = [s for s in e.srcs if isinstance(s, Const)]
+        if len(scale) != 1 or not scale[0].value >= 0:
+            return False
+        e = next(s for s in e.srcs if s is not scale[0])
+    if not (isinstance(e, Op) and e.op == "add"):
+        return False
+    shift = [s for s in e.srcs if isinstance(s, Op) and s.op == "neg" and isinstance(s.srcs[0], Reduce)
+             and s.srcs[0].op == "max_reduce"]
+    if not shift:
+        return False
+    r, x = shift[0].srcs[0], next(s for s in e.srcs if s is not shift[0])
+    return any(v.hi < r.size and rewrite(r.body, index=partial(rename, old=r.var.name, new=v)) == x
+               for v in axes)
+
+
+# --- loop hints --------------------------------------------------------------------------------
+
+def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None) -> ir.Value:
+    """Loop metadata asking the vectoriser to interleave several vectors (hides fma latency),
+    but no more than a known trip count fills, and to vectorise rows shorter than its own
+    threshold that still hold a whole vector (of `lanes` lanes): a pooled 8-wide row would run
+    all scalar."""
+    count = unroll if unroll > 1 else INTERLEAVE
+    force = trip is not None and lanes <= trip < VECTORIZER_MIN_TRIP
+    if trip is not None:
+        count = max(1, min(count, trip // lanes))
+    key = f"{LOOP_HINT}.{count}.{force}"
+    if key not in mod.namedmetadata:
+        opts = [mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.interleave.count"),
+                                  ir.Constant(I32, count)])]
+        if force:
+            opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"),
+                                          ir.Constant(I1, 1)]))
+        mod.add_named_metadata(key, mod.add_metadata([ir.MetaDataString(mod, LOOP_HINT), *opts]))
+    return mod.get_named_metadata(key).operands[0]
