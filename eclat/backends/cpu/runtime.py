@@ -109,7 +109,9 @@ class _CallState:
 class CpuExecutable(NativeRun):
     """Program -> native code: the module built and JIT-compiled here, run by NativeRun."""
 
-    def __init__(self, program: Program, threads: int = 1):
+    def __init__(self, program: Program, threads: int = 1, lanes: int | None = None):
+        """lanes: the float32 lanes code is generated for (None: the host's vector unit; more than
+        the host has is legal, LLVM splits the wide vectors)."""
         # the executable's own copy: codegen adds packed weights and folded sums to the buffers and
         # tuning sets schedules in place, so a shared program would drift from what was built here
         program = replace(program, buffers=dict(program.buffers),
@@ -117,7 +119,7 @@ class CpuExecutable(NativeRun):
         one_thread_warning(threads)
         code, plan = layout(program)  # what runs; program is what reports and artifacts see
         start = time.perf_counter()
-        self.module = build_module(code, plan, threads)
+        self.module = build_module(code, plan, threads, lanes)
         self.jit = Jitted(self.module.ir)
         self.compile_seconds = time.perf_counter() - start
         super().__init__(program, plan, self.module.slot_names, self.jit.address("eclat_run"))

@@ -1,0 +1,196 @@
+"""The CPU backend reads the host: vector lanes and registers from LLVM's feature names, schedules
+whose register tiles scale with them, and code generated for another lane count than the host's
+(run here, where LLVM legalises the wide vectors, and compiled for an AVX-512 CPU)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from eclat.backends.cpu import host
+from eclat.backends.cpu.codegen import build_module
+from eclat.backends.cpu.contraction import contraction_of
+from eclat.backends.cpu.jit import _loop_ids
+from eclat.backends.cpu.runtime import CpuExecutable, layout
+from eclat.backends.cpu.schedules import default_schedule, fits, gemm_tiles, gemv_tiles, schedule_space
+from eclat.compiler.group import group
+from eclat.compiler.kernel import Schedule
+from eclat.frontend import lower
+
+AVX512 = frozenset({"sse", "sse2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq"})
+AVX2 = frozenset({"sse", "sse2", "avx", "avx2", "fma"})
+NEON = frozenset({"neon", "fp-armv8"})
+
+
+@pytest.mark.parametrize("features, lanes, registers, unit", [
+    (AVX512, 16, 32, "AVX-512"),
+    (AVX2, 8, 16, "AVX2+FMA"),
+    (AVX2 - {"fma"}, 8, 16, "AVX2"),
+    (frozenset({"sse", "sse2", "avx"}), 8, 16, "AVX"),
+    (NEON, 4, 32, "NEON"),
+    (frozenset({"sse", "sse2", "sse4.2"}), 4, 16, "SSE"),
+    (frozenset(), 1, 16, "scalar"),
+])
+def test_lanes_registers_and_unit_follow_the_features(features, lanes, registers, unit):
+    assert host.vector_lanes(features) == lanes
+    assert host.vector_registers(features) == registers
+    assert host.vector_unit(features) == unit
+
+
+def test_lanes_scale_with_the_item_size():
+    assert [host.vector_lanes(AVX512, n) for n in (1, 2, 4, 8)] == [64, 32, 16, 8]
+    assert [host.vector_lanes(NEON, n) for n in (2, 4, 8)] == [8, 4, 2]
+    assert host.vector_lanes(frozenset(), 8) == 1
+
+
+def test_host_is_what_llvm_says():
+    feats = host.features()
+    assert isinstance(feats, frozenset) and host.features() is feats  # cached
+    text = llvm.get_host_cpu_features().flatten()
+    assert feats == {f[1:] for f in text.split(",") if f.startswith("+")}
+    about = host.description()
+    assert about["cpu"] == host.cpu_name() == llvm.get_host_cpu_name()
+    assert about["triple"] == host.triple() == llvm.get_process_triple()
+    assert about["features"] == sorted(feats)
+    assert about["lanes"] == host.vector_lanes() == host.vector_lanes(feats)
+    assert about["vector_unit"] == host.vector_unit(feats)
+
+
+# --- schedules ------------------------------------------------------------------------------------
+
+class Linear(nn.Module):
+    def __init__(self, d_in: int = 40, d_out: int = 56):
+        super().__init__()
+        self.a, self.b = nn.Linear(d_in, 72), nn.Linear(72, d_out)
+
+    def forward(self, x):
+        return self.b(F.relu(self.a(x)))
+
+
+def _program(model: nn.Module, inputs: tuple):
+    """The model's kernels as lowered and grouped (the e-graph's rewrites are not needed here)."""
+    return group(lower(model, inputs))
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """A matrix-matrix kernel (64 rows) and a matrix-vector one (1 row)."""
+    torch.manual_seed(0)
+    out = {}
+    for rows in (64, 1):
+        program = _program(Linear().eval(), (torch.randn(rows, 40),))
+        out[rows] = next(k for k in program.kernels if contraction_of(k) is not None)
+    return out
+
+
+def test_eight_lanes_keep_the_avx2_tiles(kernels):
+    gemm = [(6, 16), (4, 16), (8, 8), (4, 24), (3, 32), (2, 32), (6, 8), (12, 8)]
+    gemv = [(1, 16), (1, 32), (1, 64)]
+    assert gemm_tiles(8, 16) == gemm and gemv_tiles(8, 16) == gemv
+    big, small = kernels[64], kernels[1]
+    assert default_schedule(big, lanes=8, registers=16) == Schedule(tile=(6, 16))
+    assert default_schedule(small, lanes=8, registers=16) == Schedule(tile=(1, 32))
+    assert [s.tile for s in schedule_space(big, lanes=8, registers=16)] == gemm
+    assert [s.tile for s in schedule_space(small, lanes=8, registers=16)] == [(1, 32), (1, 16), (1, 64)]
+    two = schedule_space(big, threads=2, lanes=8, registers=16)
+    assert two[0] == Schedule(tile=(6, 16), threads=2) and len(two) == 2 * len(gemm)
+
+
+@pytest.mark.parametrize("lanes, registers", [(16, 32), (8, 16), (4, 16), (4, 32), (1, 16)])
+def test_tiles_are_whole_vectors_that_fit_the_registers(kernels, lanes, registers):
+    for tile in gemm_tiles(lanes, registers) + gemv_tiles(lanes, registers):
+        assert tile[1] % lanes == 0 and fits(tile, lanes, registers)
+    assert len(gemm_tiles(lanes, registers)) == 8 and len(gemv_tiles(lanes, registers)) == 3
+    base = default_schedule(kernels[64], lanes=lanes, registers=registers)
+    assert base.tile == gemm_tiles(lanes, registers)[0] and base.vector == lanes
+    assert default_schedule(kernels[1], lanes=lanes, registers=registers).tile == (1, 4 * lanes)
+
+
+def test_avx512_tiles_use_its_32_registers():
+    tiles = gemm_tiles(16, 32)
+    assert tiles[0] == (12, 32)  # 24 zmm accumulators
+    assert max(mr * nr // 16 for mr, nr in tiles) <= 30
+    assert not fits((12, 32), 16, 16) and fits((6, 32), 16, 16)
+
+
+# --- code for 16 lanes ----------------------------------------------------------------------------
+
+class Block(nn.Module):
+    """Linear layers at two batch sizes' worth of rows, a convolution, layernorm and softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 20, 3, padding=1)
+        self.ln = nn.LayerNorm(20 * 4 * 4)
+        self.fc = nn.Linear(20 * 4 * 4, 37)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv(x)), 2)
+        return torch.softmax(self.fc(self.ln(x.flatten(1))), -1)
+
+
+def _with_lanes(program, lanes: int, registers: int):
+    """program with every kernel's default schedule for that vector unit."""
+    kernels = [replace(k, schedule=default_schedule(k, lanes=lanes, registers=registers))
+               for k in program.kernels]
+    return replace(program, buffers=dict(program.buffers), kernels=kernels)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (Linear().eval(), (torch.randn(64, 40),)),
+    lambda: (Linear().eval(), (torch.randn(1, 40),)),
+    lambda: (Block().eval(), (torch.randn(2, 3, 8, 8),)),
+], ids=["gemm", "gemv", "conv_ln_softmax"])
+def test_sixteen_lanes_run_right_on_this_host(make):
+    torch.manual_seed(0)
+    model, inputs = make()
+    program = _program(model, inputs)
+    exe = CpuExecutable(_with_lanes(program, 16, 32), lanes=16)
+    assert exe.module.lanes == 16
+    text = str(exe.module.ir)
+    assert "<16 x float>" in text and "<8 x float>" not in text
+    (got,) = exe.run([x.numpy() for x in inputs])
+    want = model(*inputs).detach().numpy()
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
+
+
+def _x86_machine(cpu: str, features: str):
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        target = llvm.Target.from_triple("x86_64-unknown-linux-gnu")
+    except RuntimeError:
+        pytest.skip("this LLVM has no x86 target")
+    return target.create_target_machine(cpu=cpu, features=features, opt=3)
+
+
+def test_sixteen_lane_gemm_compiles_to_zmm_for_avx512():
+    torch.manual_seed(0)
+    program = _with_lanes(_program(Linear().eval(), (torch.randn(64, 40),)), 16, 32)
+    code, plan = layout(program)
+    module = build_module(code, plan, lanes=16)
+    tm = _x86_machine("skylake-avx512", "+avx512f,+avx512vl,+avx512bw,+avx512dq,+avx2,+avx,+fma,+sse4.2")
+    module.ir.triple = "x86_64-unknown-linux-gnu"
+    module.ir.data_layout = str(tm.target_data)
+    mod = llvm.parse_assembly(_loop_ids(str(module.ir)))
+    mod.verify()
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
+    pb.getModulePassManager().run(mod, pb)
+    asm = tm.emit_assembly(mod)
+    gemm = next(k.name for k in code.kernels if contraction_of(k) is not None)
+    start = asm.index(f"{gemm}:")
+    body = asm[start:asm.index(".Lfunc_end", start)]
+    assert "zmm" in body and "vfmadd" in body
+    # and for AVX2 the same kernel at 8 lanes is ymm only
+    program8 = _with_lanes(program, 8, 16)
+    code8, plan8 = layout(program8)
+    tm8 = _x86_machine("haswell", "+avx2,+avx,+fma,+sse4.2")
+    text = str(build_module(code8, plan8, lanes=8).ir)
+    asm8 = tm8.emit_assembly(llvm.parse_assembly(_loop_ids(text)))
+    assert "ymm" in asm8 and "zmm" not in asm8
