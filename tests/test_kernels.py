@@ -9,9 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from eclat.backends.cpu import CpuBackend
+from eclat.backends.cpu.runtime import CpuExecutable
+from eclat.backends.cpu.schedules import default_schedule, schedule_space
 from eclat.compiler.group import group
-from eclat.compiler.kernel import Reduce, as_contraction, default_schedule, flops, schedule_space, walk
+from eclat.compiler.kernel import Reduce, as_contraction, flops, walk
 from eclat.compiler.memplan import plan_memory
 from eclat.ir import graph as G
 from eclat.ir.dtypes import DType
@@ -22,7 +23,7 @@ RNG = np.random.default_rng(0)
 
 def compiled(graph: G.Graph, inputs: list[np.ndarray], threads: int = 1):
     program = group(graph)
-    exe = CpuBackend().compile(program, threads)
+    exe = CpuExecutable(program, threads)
     return program, exe.run([np.ascontiguousarray(a) for a in inputs])
 
 
@@ -41,7 +42,7 @@ def on_two_threads(program):
     """program compiled with every kernel's schedule asking for two threads."""
     for k in program.kernels:
         k.schedule = replace(k.schedule, threads=2)
-    return CpuBackend().compile(program, threads=2)
+    return CpuExecutable(program, threads=2)
 
 
 def rand(*shape: int) -> np.ndarray:
@@ -190,7 +191,7 @@ def test_exp_of_a_row_minus_its_max_skips_the_overflow_clamp_only_there():
     for out, clamped in ((own, False), (other, True)):
         graph = G.Graph([x, y], [out], {})
         check(graph, [xs, ys])
-        ir_text = str(CpuBackend().compile(group(graph), 1).module.ir)
+        ir_text = str(CpuExecutable(group(graph), 1).module.ir)
         assert ("eclat_exp2_nonpositivef" in ir_text) is not clamped
     assert np.isinf(run(G.Graph([x, y], [other], {}), [xs, ys])[0][5]).all()
 
@@ -206,7 +207,7 @@ def test_max_of_a_negation_and_a_constant_is_an_exact_min():
         cst = G.expand_to(G.const(c), (64,))
         neg = G.unary("neg", x)
         graph = G.Graph([x], [G.binary("max", neg, cst), G.binary("max", cst, neg)], {})
-        assert "llvm.minimum" in str(CpuBackend().compile(group(graph), 1).module.ir)
+        assert "llvm.minimum" in str(CpuExecutable(group(graph), 1).module.ir)
         _, got = compiled(graph, [xs])
         for g, w in zip(got, run(graph, [xs])):
             np.testing.assert_array_equal(g, w)
@@ -337,7 +338,7 @@ def test_schedules_change_nothing_but_speed():
     assert len(space) > 4 and space[0] == default_schedule(kern, threads=2)
     for s in space:
         kern.schedule = s
-        got = CpuBackend().compile(program, s.threads).run(inputs)[0]
+        got = CpuExecutable(program, s.threads).run(inputs)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert flops(kern) == 2 * 9 * 20 * 27
 
@@ -457,6 +458,6 @@ def test_layers_that_differ_only_in_weights_share_code():
         h = G.unary("sqrt", G.binary("mul", y, y))
     graph = G.Graph([x], [h], weights)
     program = check(graph, [rand(4, 8)], rtol=1e-4, atol=1e-5)
-    exe = CpuBackend().compile(program)
+    exe = CpuExecutable(program)
     functions = [f for f in exe.module.ir.functions if f.name.startswith("k")]
     assert len(functions) < len(program.kernels)
