@@ -177,10 +177,15 @@ def main(argv: list[str] | None = None) -> None:
     names = ["eclat"] + [p for p in args.peers.split(",") if p]
     chosen = [w for w in WORKLOADS if not args.only or w.name in args.only.split(",")]
 
+    from eclat.backends.cpu import host
+
+    about = host.description()
+    machine = (f"host: {about['cpu']} ({about['vector_unit']}, {about['lanes']} float32 lanes), "
+               f"{os.cpu_count()} cores")
     header = "| workload | " + " | ".join(f"{n} ms" for n in names) + " | " + \
         " | ".join(f"{n}/eclat" for n in names[1:]) + " |"
-    lines = [header, "|" + "---|" * (1 + 2 * len(names) - 1)]
-    print(header, flush=True)
+    lines = [machine, "", header, "|" + "---|" * (1 + 2 * len(names) - 1)]
+    print(machine + "\n\n" + header, flush=True)
     for w in chosen:
         torch.manual_seed(0)
         model, inputs = w.make()
