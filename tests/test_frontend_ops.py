@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from eclat.frontend.lower import Ctx, Unavailable, ir_dtype
+from eclat.frontend.context import Ctx, Unavailable, ir_dtype
 from eclat.frontend.ops import LOWERINGS
 from eclat.ir import graph as g
 from eclat.ir.graph import Graph

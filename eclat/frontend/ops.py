@@ -22,7 +22,7 @@ from eclat.ir.symbolic import Expr, as_int, prod, sint
 from eclat.ir.view import View
 
 from . import prims as P
-from .lower import Ctx, Unavailable, ir_dtype
+from .context import Ctx, Unavailable, ir_dtype
 
 aten = torch.ops.aten
 Value = P.Value
