@@ -29,9 +29,9 @@ def compile(model: Any, example_inputs: Any, target: str = "cpu", **options: Any
 
 def load(path: str) -> CompiledModel:
     """Load an artifact written by `CompiledModel.save` or `eclat compile`."""
-    from .compiler.artifact import load_artifact
+    from .compiler.model import load as load_model
 
-    return load_artifact(path)
+    return load_model(path)
 
 
 def __getattr__(name: str) -> Any:

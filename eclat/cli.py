@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-TARGETS = ("cpu", "opencl", "cuda", "metal")
 MODES = ("none", "fast", "full")
 
 
@@ -396,7 +395,10 @@ def cmd_devices(args: argparse.Namespace) -> None:
 
 def _model_options(p: argparse.ArgumentParser, tune_default: str = "fast",
                    modes: Sequence[str] = MODES) -> None:
-    p.add_argument("--target", default="cpu", choices=TARGETS, help=f"{', '.join(TARGETS)} (default cpu)")
+    from eclat.backends import target_names
+
+    targets = target_names()
+    p.add_argument("--target", default="cpu", choices=targets, help=f"{', '.join(targets)} (default cpu)")
     p.add_argument("--autotune", choices=modes, default=tune_default,
                    help=f"schedule search: {', '.join(modes)} (default {tune_default})")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per kernel (default 1)")

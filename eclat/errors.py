@@ -19,3 +19,7 @@ class UnsupportedOpError(EclatError):
 
 class ExportError(EclatError):
     """torch.export rejected the model; carries torch's own reason."""
+
+
+class ArtifactError(EclatError):
+    """An artifact cannot be read or run here; the message names the file and the reason."""

@@ -21,11 +21,10 @@ from eclat.compiler.artifact import (
     MANIFEST,
     MANIFEST_DIGEST,
     ArtifactError,
-    decode_program,
-    encode_program,
-    load_artifact,
     save_artifact,
 )
+from eclat.compiler.encoding import decode_program, encode_program
+from eclat.compiler.model import load as load_artifact
 from tests.gpu_cases import opencl_or_skip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

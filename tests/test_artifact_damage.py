@@ -24,14 +24,14 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 import eclat
+from eclat.backends.cpu.artifact import cpu_layout
 from eclat.compiler.artifact import (
     MANIFEST,
     MANIFEST_DIGEST,
     ArtifactError,
-    cpu_layout,
-    decode_program,
-    load_artifact,
 )
+from eclat.compiler.encoding import decode_program
+from eclat.compiler.model import load as load_artifact
 from tests.test_artifact import TwoOut
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,6 +8,11 @@ import pytest
 
 from eclat.autotune import device as dev_mod
 from eclat.autotune.device import DeviceError, describe_devices, get_device, parse_target
+from eclat.backends import get_target
+from eclat.backends.cpu.probe import CpuProbe
+from eclat.backends.cuda.probe import MACROS as CUDA_MACROS
+from eclat.backends.gpu.probe import gpu_source
+from eclat.backends.opencl.probe import OpenCLProbe
 
 
 def _plausible(d):
@@ -36,8 +41,8 @@ def test_cpu_measured_then_cached(measured, monkeypatch):
     assert d.kind == "cpu" and d.threads == 1
     (cached,) = (folder / "devices").glob("cpu-*.json")
     assert d.fingerprint in cached.name
-    monkeypatch.setattr(dev_mod, "_load", lambda: 1e9)  # never quieter than when measured: no reason to redo
-    monkeypatch.setattr(dev_mod._CpuProbe, "measure", lambda *a: pytest.fail("measured again"))
+    monkeypatch.setattr(dev_mod, "load_average", lambda: 1e9)  # never quieter than when measured: not redone
+    monkeypatch.setattr(CpuProbe, "measure", lambda *a: pytest.fail("measured again"))
     assert get_device("cpu", threads=1, cache_dir=folder) == d
 
 
@@ -59,7 +64,7 @@ def test_peaks_measured_on_a_busy_machine_are_measured_again_when_it_is_quiet(me
     data["device"]["peak_gflops"] = {"float32": 1234.5}
     data["device"]["info"]["load_during_measurement"] = 9.0  # a test suite ran beside it
     path.write_text(json.dumps(data))
-    monkeypatch.setattr(dev_mod, "_load", lambda: load_now)
+    monkeypatch.setattr(dev_mod, "load_average", lambda: load_now)
     again = get_device("cpu", threads=1, cache_dir=tmp_path)
     assert (again.peak_gflops != {"float32": 1234.5}) == remeasured
 
@@ -75,7 +80,7 @@ def test_corrupt_cache_warns_and_remeasures(measured, tmp_path):
 
 
 def test_fingerprint_depends_on_threads_and_is_stable():
-    probe = dev_mod._PROBES["cpu"]
+    probe = get_target("cpu").probe()
     assert probe.identify(0, 1)["fingerprint"] == probe.identify(0, 1)["fingerprint"]
     assert probe.identify(0, 1)["fingerprint"] != probe.identify(0, 2)["fingerprint"]
 
@@ -106,7 +111,7 @@ def test_describe_devices_lists_cpu_first(tmp_path):
 
 
 def _opencl_available():
-    return bool(dev_mod._OpenCLProbe().names())
+    return bool(OpenCLProbe().names())
 
 
 @pytest.mark.skipif(not _opencl_available(), reason="no OpenCL device (install pocl-opencl-icd)")
@@ -129,6 +134,6 @@ static inline float fmaf(float a, float b, float c) { return a * b + c; }
 def test_cuda_benchmark_source_is_valid_cpp(tmp_path):
     # no GPU here: at least the CUDA dialect of the benchmark kernels must parse (against a tiny shim)
     src = tmp_path / "bench.cu"
-    src.write_text(_CUDA_SHIM + dev_mod._gpu_source("cuda"))
+    src.write_text(_CUDA_SHIM + gpu_source(CUDA_MACROS))
     proc = subprocess.run(["g++", "-fsyntax-only", "-x", "c++", str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import eclat
-from eclat.compiler import pipeline
+from eclat.compiler import pipeline, program_cache
 from eclat.frontend import lower
 from tests.zoo import make_llama
 
@@ -56,8 +56,8 @@ def test_a_wrong_cached_program_is_caught_and_replaced(tmp_path):
     x = (torch.randn(2, 8),)
     a, b = Affine(0).eval(), Affine(1).eval()
     eclat.compile(a, x, autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
-    key_a = pipeline._program_cache(lower(a, x), "cpu", "fast", 1, 1, tmp_path)
-    key_b = pipeline._program_cache(lower(b, x), "cpu", "fast", 1, 1, tmp_path)
+    key_a = program_cache.cache_path(lower(a, x), "cpu", "fast", 1, 1, tmp_path)
+    key_b = program_cache.cache_path(lower(b, x), "cpu", "fast", 1, 1, tmp_path)
     assert key_a.exists() and key_a != key_b
     key_b.write_bytes(key_a.read_bytes())  # b's entry now holds a's weights
     compiled = eclat.compile(b, x, autotune="fast", k=1, cache_dir=tmp_path, quiet=True)
@@ -147,7 +147,7 @@ def test_the_program_cache_keeps_the_most_recently_used_within_its_size(tmp_path
         f.write_bytes(b"x" * size)
         os.utime(f, (1000 + i, 1000 + i))
     os.utime(folder / "p0.zip", (2000, 2000))  # read since: the most recent
-    pipeline._trim_program_cache(folder, limit=700)
+    program_cache.trim(folder, limit=700)
     assert sorted(f.name for f in folder.iterdir()) == ["p0.zip", "p3.zip"]
     model, inputs = Affine(0), (torch.randn(4, 8),)
     eclat.compile(model, inputs, autotune="fast", cache_dir=tmp_path, quiet=True)  # one more, under 2 GiB
@@ -161,17 +161,17 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
     cost = {"p0": 10.0, "p1": 8.0, "p2": 9.0, "p3": 1.0}
     calls = []
 
-    def fake_time(exe, arrays, budget=0.2, most=25, least=3):
+    def fake_time(exe, arrays):
         if exe == "p3" and calls.count("p3"):
             raise RuntimeError("it ran off the end of a buffer")
         calls.append(exe)
-        return cost[exe] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe == "p3")
+        return (cost[exe] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe == "p3")) * 1e6
 
-    monkeypatch.setattr(pipeline, "_programs",
-                        lambda candidates, device, threads, errors: [(0.0, n, f"p{n}") for n in range(4)])
-    monkeypatch.setattr(pipeline, "_verified_build", lambda program, *args: program)
-    monkeypatch.setattr(pipeline, "_time", fake_time)
-    picked = pipeline._pick([None] * 4, None, None, "full", 1, [], None, True)
-    seconds, exe, program, n = picked["best"]
-    assert (n, seconds, picked["timed"]) == (1, 8.0, 4)
+    def programs(candidates, device, threads, target, errors):
+        return [(0.0, n, f"p{n}") for n in range(4)]
+    monkeypatch.setattr(pipeline, "_programs", programs)
+    monkeypatch.setattr(pipeline, "verified_build", lambda program, *args: program)
+    monkeypatch.setattr(pipeline, "_sample_us", fake_time)
+    seconds, exe, program, stats = pipeline._pick([None] * 4, None, None, "full", 1, [], None, True)
+    assert (stats.chosen, seconds, stats.timed) == (1, 8.0, 4)
     assert calls[:4] == ["p0", "p1", "p2", "p3"] and calls[4:7] == ["p0", "p1", "p2"]

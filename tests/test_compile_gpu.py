@@ -86,13 +86,13 @@ def test_absent_gpu_keeps_an_untimed_candidate_that_can_be_saved(target, member,
 
 def test_deferred_program_matches_its_reference_when_interpreted(tmp_path):
     """The kept candidate is a sound program: the same kernels built for the CPU give torch's answer."""
-    from eclat.backends import get_backend
+    from eclat.backends import get_target
 
     model, inputs = _tiny()
     compiled = eclat.compile(model, inputs, target="cuda", autotune="none", k=2, quiet=True)
     if not device_missing("cuda"):
         pytest.skip("a CUDA device is here")
-    cpu = get_backend("cpu").compile(compiled.executable.program, 1)
+    cpu = get_target("cpu").compile(compiled.executable.program, 1)
     with torch.no_grad():
         want = model(*inputs).numpy()
     np.testing.assert_allclose(cpu.run([inputs[0].numpy()])[0], want, rtol=1e-4, atol=1e-5)

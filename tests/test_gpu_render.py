@@ -150,7 +150,7 @@ def test_cuda_cases_compile_with_nvcc(tmp_path, monkeypatch) -> None:
 
 
 def test_cuda_backend_without_a_device() -> None:
-    from eclat.backends import get_backend
+    from eclat.backends import get_target
     from eclat.backends.cuda.runtime import available, driver
 
     if available():
@@ -158,7 +158,7 @@ def test_cuda_backend_without_a_device() -> None:
     with pytest.raises(EclatError, match="no CUDA device found"):
         driver()
     graph, inputs = CASES["gather"]()
-    backend = get_backend("cuda")
+    backend = get_target("cuda")
     exe = backend.compile(group(graph))  # the program exists without a device (for artifacts)
     assert "__global__" in exe.source and "__global__" in backend.render(group(graph))
     with pytest.raises(EclatError, match="no CUDA device found"):

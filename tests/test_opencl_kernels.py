@@ -46,18 +46,24 @@ def test_runs_twice_with_new_inputs() -> None:
 
 
 def test_tuning_picks_a_verified_schedule_and_reuses_the_database(tmp_path) -> None:
+    from types import SimpleNamespace
+
     from eclat.autotune.db import TuningDB
-    from eclat.backends import get_backend
+    from eclat.backends import get_target
     from eclat.backends.gpu import gpu_schedule_space
+    from eclat.compiler.tune import tune
 
     graph, inputs = CASES["matmuls"]()
     program = group(graph)
-    backend = get_backend("opencl")
+    backend = get_target("opencl")
+    device = SimpleNamespace(fingerprint="pocl-test")
     db = TuningDB(tmp_path / "tuning.db")
-    chosen = backend.tune(program, inputs, mode="full", db=db, device="pocl-test")
+    tune(program, backend, device, db, "full", 1, inputs)
+    chosen = {k.name: k.schedule for k in program.kernels}
     assert set(chosen) == {k.name for k in program.kernels}
     for k in program.kernels:
         assert chosen[k.name] in gpu_schedule_space(k)
-    compare(backend.compile(program, schedules=chosen).run(inputs), run(graph, inputs))
-    again = backend.tune(program, inputs, mode="fast", db=db, device="pocl-test")
+    compare(backend.compile(program).run(inputs), run(graph, inputs))
+    tune(program, backend, device, db, "fast", 1, inputs)
+    again = {k.name: k.schedule for k in program.kernels}
     assert again == chosen and db.hits >= len(program.kernels)

@@ -1,9 +1,12 @@
-"""Search driver: choose a schedule for one kernel among opaque candidates.
+"""The search: choose the fastest correct candidate among opaque ones. It is the one loop the
+compiler chooses with, at both levels: among the e-graph's candidate programs (and between a
+program's default and tuned schedules), and among each kernel's schedules.
 
-The caller (the compiler) knows how to build and time a candidate and how to check its
-output; this module only decides which candidates to time and which one to keep:
+The caller knows how to build and time a candidate and how to check its output; this module only
+decides which candidates to time, how often, and which one to keep:
 
-    result = search(candidates, time_fn=time_it, check_fn=verify, mode="fast", db=db, key=key)
+    result = search(candidates, time_fn=time_it, check_fn=verify, mode="fast", db=db, key=key,
+                    rounds=3)
     result.winner.schedule, result.measured_us, result.stats   # extracted/pruned/timed/...
 
 Modes:
@@ -13,15 +16,22 @@ Modes:
         estimate exceeds best measured x margin is pruned without timing.
   full  exhaustive: every candidate is timed (the reference that fast is compared against).
 
+With rounds > 1 the candidates that ran are timed again, in turns, rounds - 1 more times, and a
+candidate's time is the median of its rounds: a shared machine's slow (or fast) spell then falls
+on all of them alike, where timing each back to back would hand it to whichever ran then.
+time_fn is called once per timing, so a caller that builds on the first call keeps what it built.
+
 In every mode the database is consulted first and its schedule used when it is among the
-candidates and passes check_fn. A candidate only becomes the best after check_fn accepts it,
-so a fast wrong answer is never kept, and pruning compares only against verified times. A
-candidate whose timing or check raises is skipped and its reason recorded.
+candidates and passes check_fn ("full" trusts only an entry that a "full" search wrote). A
+candidate only becomes the best after check_fn accepts it, so a fast wrong answer is never kept,
+and pruning compares only against verified times. A candidate whose timing or check raises is
+skipped and its reason recorded.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,9 +115,9 @@ CheckFn = Callable[[Candidate], "bool | None"]
 
 def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckFn | None = None,
            mode: str = "fast", db: TuningDB | None = None, key: TuningKey | None = None,
-           margin: float | None = None, limit: int | None = None, quiet: bool | None = None,
-           desc: str = "tuning") -> SearchResult:
-    """Choose the fastest verified candidate (see the module docstring for the modes).
+           margin: float | None = None, limit: int | None = None, rounds: int = 1,
+           quiet: bool | None = None, desc: str = "tuning") -> SearchResult:
+    """Choose the fastest verified candidate (see the module docstring for the modes and rounds).
 
     time_fn returns a Timing (its median is used) or microseconds; check_fn returns False or
     raises for a wrong result. margin and limit override the mode's defaults. Raises
@@ -122,15 +132,20 @@ def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckF
     limit = spec.limit if limit is None else limit
     stats = SearchStats(extracted=len(candidates))
     failures: list[Failure] = []
+    verdicts: dict[int, bool] = {}  # id(candidate) -> whether check_fn accepted it
 
     def accepted(c: Candidate) -> bool:
-        reason = _check(check_fn, c)
-        if reason:
-            failures.append(Failure(c.schedule, "check", reason))
-        return not reason
+        if id(c) not in verdicts:
+            reason = _check(check_fn, c)
+            if reason:
+                failures.append(Failure(c.schedule, "check", reason))
+            verdicts[id(c)] = not reason
+        return verdicts[id(c)]
 
     if db is not None and key is not None:
         entry = db.get(key)
+        if entry is not None and mode == "full" and entry.meta.get("mode") != "full":
+            entry = None  # a fast search's choice: the full one may find better
         text = schedule_json(entry.schedule) if entry else None
         known = next((c for c in candidates if schedule_json(c.schedule) == text), None)
         if known is not None and accepted(known):
@@ -141,31 +156,53 @@ def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckF
         stats.pruned, stats.failures = len(candidates), len(failures)
         return SearchResult(candidates[0], None, "default", stats, failures)
 
-    ordered = sorted(candidates, key=lambda c: c.estimate_us)
-    if limit is not None:
-        stats.pruned += len(ordered) - min(limit, len(ordered))
-        ordered = ordered[:limit]
-    best: Candidate | None = None
-    best_us: float | None = None
-    for c in progress(ordered, desc=desc, quiet=quiet, unit="schedule"):
-        if margin is not None and should_prune(c.estimate_us, best_us, margin):
-            stats.pruned += 1
-            continue
-        stats.timed += 1
+    def timed(c: Candidate) -> float | None:
+        """c's time in microseconds, or None (its failure recorded)."""
         try:
             t = time_fn(c)
             us = t.median_us if isinstance(t, Timing) else float(t)
             if not math.isfinite(us) or us < 0:
                 raise CandidateFailed(f"time_fn gave {us} us, not a time")
+            return us
         except Exception as e:  # noqa: BLE001 - any failure of a candidate only skips it
             failures.append(Failure(c.schedule, "time", f"{type(e).__name__}: {e}"))
+            return None
+
+    ordered = sorted(candidates, key=lambda c: c.estimate_us)
+    if limit is not None:
+        stats.pruned += len(ordered) - min(limit, len(ordered))
+        ordered = ordered[:limit]
+    times: dict[int, list[float]] = {}  # position in ordered -> its times, one per round
+    best_us: float | None = None  # the best verified time: what pruning compares against
+    for i, c in enumerate(progress(ordered, desc=desc, quiet=quiet, unit="candidate")):
+        if margin is not None and should_prune(c.estimate_us, best_us, margin):
+            stats.pruned += 1
             continue
-        if (best_us is None or us < best_us) and accepted(c):
-            best, best_us = c, us
+        stats.timed += 1
+        us = timed(c)
+        if us is None:
+            continue
+        if best_us is None or us < best_us:
+            if not accepted(c):
+                continue
+            best_us = us
+        times[i] = [us]
+    for _ in range(rounds - 1):  # in turns: each round times every survivor once
+        if len(times) < 2:
+            break
+        for i in list(times):
+            us = timed(ordered[i])
+            if us is None:
+                del times[i]
+            else:
+                times[i].append(us)
+    median = {i: statistics.median(ts) for i, ts in times.items()}
+    winner = next((i for i in sorted(median, key=median.get) if accepted(ordered[i])), None)
     stats.failures = len(failures)
-    if best is None:
+    if winner is None:
         shown = "; ".join(f"{f.schedule}: {f.stage} failed: {f.reason}" for f in failures[:5])
         raise TuningError(f"no candidate of {desc!r} ran correctly ({stats}): {shown}")
+    best, best_us = ordered[winner], median[winner]
     if db is not None and key is not None:
         db.put(key, best.schedule, best_us, {"mode": mode, "estimate_us": best.estimate_us,
                                              "extracted": stats.extracted, "timed": stats.timed})

@@ -1,51 +1,57 @@
-"""Backends plug in as data: a target name maps to a class with render/compile.
+"""The target registry: one line per kind of hardware, naming the `Target` object in its package.
 
-    class Backend(Protocol):
-        name: str
-        def render(self, program: Program, threads: int = 1) -> str       # source text
-        def compile(self, program: Program, threads: int = 1) -> Executable
-
-    class Executable(Protocol):
-        def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]
-
-`run` receives contiguous arrays of the program's input shapes and dtypes (the caller
-validates) and returns fresh output arrays shaped like program.output_shapes.
+Everything specific to a target (its rewrite rules, device probe, schedules, renderer, runtime and
+artifact section) lives in that object's package; the driver, the rewrites, the autotuner, the
+artifact format and the CLI only ever look a target up here. See docs/ARCHITECTURE.md for the
+recipe to add one.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..errors import EclatError
 
+if TYPE_CHECKING:
+    from .target import Target
 
-class Executable(Protocol):
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]: ...
-
-
-class Backend(Protocol):
-    name: str
-
-    def render(self, program: Any, threads: int = 1) -> str: ...
-
-    def compile(self, program: Any, threads: int = 1) -> Executable: ...
-
-
-# target kind -> "module:Class"; a GPU backend registers itself by adding a row
-BACKENDS: dict[str, str] = {
-    "cpu": "eclat.backends.cpu:CpuBackend",
-    "opencl": "eclat.backends.opencl:OpenCLBackend",
-    "cuda": "eclat.backends.cuda:CudaBackend",
-    "metal": "eclat.backends.metal:MetalBackend",
+# target kind -> "module:attribute" of its Target, imported on first use (pyopencl, pycuda, PyObjC
+# and llvmlite are only needed by the target that uses them)
+TARGETS: dict[str, str] = {
+    "cpu": "eclat.backends.cpu:TARGET",
+    "opencl": "eclat.backends.opencl:TARGET",
+    "cuda": "eclat.backends.cuda:TARGET",
+    "metal": "eclat.backends.metal:TARGET",
 }
+_loaded: dict[str, Target] = {}
 
 
-def get_backend(target: str) -> Backend:
+def register(kind: str, target: str | Target) -> None:
+    """Add (or replace) a target: its "module:attribute" path, or the Target itself."""
+    _loaded.pop(kind, None)
+    if isinstance(target, str):
+        TARGETS[kind] = target
+    else:
+        TARGETS[kind] = f"{type(target).__module__}:<registered>"
+        _loaded[kind] = target
+
+
+def unregister(kind: str) -> None:
+    TARGETS.pop(kind, None)
+    _loaded.pop(kind, None)
+
+
+def target_names() -> tuple[str, ...]:
+    return tuple(TARGETS)
+
+
+def get_target(target: str) -> Target:
+    """The Target of "kind" or "kind:N" (N: a device index, read by the device probe)."""
     kind = target.partition(":")[0]
-    if kind not in BACKENDS:
-        raise EclatError(f"no backend for target {target!r}: available {sorted(BACKENDS)}")
-    module, _, cls = BACKENDS[kind].partition(":")
-    return getattr(import_module(module), cls)()
+    if kind not in TARGETS:
+        raise EclatError(f"no backend for target {target!r}: available {', '.join(TARGETS)}")
+    if kind not in _loaded:
+        module, _, name = TARGETS[kind].partition(":")
+        _loaded[kind] = getattr(import_module(module), name)
+    return _loaded[kind]

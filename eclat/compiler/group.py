@@ -46,7 +46,6 @@ from .kernel import (
     Reduce,
     axis_vars,
     children,
-    default_schedule,
     free_vars,
     reduces,
     walk,
@@ -347,8 +346,6 @@ class _Grouping:
                 self._offenders(c, loops, in_reduce, *args)
 
     def program(self) -> Program:
-        for k in self.kernels:
-            k.schedule = default_schedule(k)
         ins = [self.buf_of[id(n)] for n in self.graph.inputs]
         return Program(self.buffers, self.kernels, ins, self.outputs,
                        [tuple(int(d) for d in n.shape) for n in self.graph.inputs],

@@ -33,15 +33,15 @@ Kernel
     output). Equal subtrees are equal values (dataclasses compare structurally), which
     is how a backend shares them.
 
-Schedules are data (`Schedule`); `default_schedule` needs no tuning and
-`schedule_space` lists the alternatives an autotuner times.
+Schedules are data (`Schedule`, or a target's own kind); each target says which is its default
+and which alternatives the search times (Target.default_schedule, Target.schedule_space).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -235,21 +235,20 @@ def assume_in(e: KExpr, cond: Expr) -> KExpr:
 
 @dataclass(frozen=True)
 class Schedule:
-    """How a kernel's loops run. Backends read the fields that apply to them.
+    """How a kernel's loops run on a CPU (a target may carry its own kind of schedule instead: see
+    its Target.default_schedule). tile: register block for contraction kernels (MR rows x NR
+    columns of the output); unroll: vectors in flight in vectorised inner loops (1 = the
+    backend's default); threads: how many threads split the outermost parallel loop."""
 
-    tile: register block for contraction kernels (MR rows x NR columns of the output);
-    vector: SIMD width in elements (the CPU backend uses its own: 8 float32 lanes);
-    unroll: vectors in flight in vectorised inner loops (1 = the backend's default);
-    threads: how many threads split the outermost parallel loop; split: reduce split
-    factor and order: permutation of the output axes (outermost first), both for GPU
-    renderers (the CPU backend runs axes in order and reductions unsplit)."""
-
-    order: tuple[int, ...] = ()
     tile: tuple[int, int] = (1, 1)
-    vector: int = 8
     unroll: int = 1
-    split: int = 1
     threads: int = 1
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Schedule:
+        """The schedule dataclasses.asdict wrote (fields this eclat does not know are ignored)."""
+        known = {"tile", "unroll", "threads"}
+        return Schedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -268,7 +267,7 @@ class Kernel:
     out: str
     shape: tuple[int, ...]
     body: KExpr
-    schedule: Schedule = field(default_factory=Schedule)
+    schedule: Any = None  # the target's (a Schedule on the CPU); None until the search schedules it
     ops: list[str] = field(default_factory=list)  # the graph ops fused into it, for reports
     sides: tuple[Side, ...] = ()  # row reductions of its output it also writes (CPU backend)
 
@@ -337,40 +336,6 @@ def as_contraction(kernel: Kernel) -> Contraction | None:
             m_axis = k
             break
     return Contraction(r, a, b, m_axis, n_axis)
-
-
-# register blocks that fit 16 vector registers (accumulators + operands)
-GEMM_TILES = [(6, 16), (4, 16), (8, 8), (4, 24), (3, 32), (2, 32), (6, 8), (12, 8)]
-GEMV_TILES = [(1, 16), (1, 32), (1, 64)]
-
-
-def default_schedule(kernel: Kernel, threads: int = 1) -> Schedule:
-    c = as_contraction(kernel)
-    if c is None:
-        return Schedule(threads=threads)
-    m = kernel.shape[c.m_axis] if c.m_axis is not None else 1
-    if m < 4:  # matrix-vector: wide columns, one row
-        return Schedule(tile=(max(m, 1), 32), threads=threads)
-    return Schedule(tile=(6, 16), threads=threads)
-
-
-def schedule_space(kernel: Kernel, threads: int = 1) -> list[Schedule]:
-    """The schedules worth timing for kernel (the default first)."""
-    base = default_schedule(kernel, threads)
-    c = as_contraction(kernel)
-    out = [base]
-    if c is not None:
-        m = kernel.shape[c.m_axis] if c.m_axis is not None else 1
-        out += [replace(base, tile=t) for t in (GEMV_TILES if m < 4 else GEMM_TILES)]
-    else:
-        out += [replace(base, unroll=u) for u in (2, 8)]
-    if threads > 1:
-        out += [replace(s, threads=1) for s in list(out)]
-    seen: list[Schedule] = []
-    for s in out:
-        if s not in seen:
-            seen.append(s)
-    return seen
 
 
 # --- estimates --------------------------------------------------------------------------------

@@ -2,98 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..ir.dtypes import DType
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: DType
-    index_range: tuple[int, int] | None = None  # [low, high): an input used to index checks its values
-    divisor: bool = False  # an integer input that divides: a zero in it raises, as in torch
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype.name,
-                "index_range": None if self.index_range is None else list(self.index_range),
-                "divisor": self.divisor}
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> InputSpec:
-        """The spec to_json wrote (raises ValueError, KeyError or TypeError on anything else)."""
-        r = data.get("index_range")
-        if r is not None and (len(r) != 2 or any(type(v) is not int for v in r)):
-            raise ValueError(f"index range {r!r} is not two integers")
-        return InputSpec(str(data["name"]), tuple(int(n) for n in data["shape"]), DType[data["dtype"]],
-                         None if r is None else (r[0], r[1]), data.get("divisor") is True)
-
-
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, np.ndarray) or _is_torch(x)
-
-
-def input_structure(example: Any) -> Any:
-    """How the example inputs nest, as JSON data: a list for a tuple or list, {"dict": [[key, child],
-    ...]} for a dict (in its order, which is the order torch.export flattens it in), null for a
-    tensor, {"const": value} for a number, string or None that export baked into the program (any
-    other object as {"opaque": its type}, not checked)."""
-    if isinstance(example, (list, tuple)):
-        return [input_structure(x) for x in example]
-    if isinstance(example, dict):
-        return {"dict": [[k, input_structure(v)] for k, v in example.items()]}
-    if _is_array(example):
-        return None
-    if example is None or isinstance(example, (bool, int, float, str)):
-        return {"const": example}
-    return {"opaque": type(example).__name__}
-
-
-def structure_tensors(structure: Any) -> int:
-    """How many tensors a call nested as structure passes."""
-    if structure is None:
-        return 1
-    if isinstance(structure, list):
-        return sum(structure_tensors(s) for s in structure)
-    return sum(structure_tensors(s) for _, s in structure.get("dict", ()))
-
-
-def _leaves(x: Any, structure: Any, where: str) -> list[Any]:
-    """x's tensors in the order of the program's inputs, x checked against structure."""
-    if structure is None:
-        return [x]
-    if isinstance(structure, list):
-        if not isinstance(x, (list, tuple)) or len(x) != len(structure):
-            given = f"{type(x).__name__} of {len(x)}" if isinstance(x, (list, tuple)) else type(x).__name__
-            raise ValueError(f"{where}: expected a tuple or list of {len(structure)}, given a {given}")
-        return [leaf for k, (a, s) in enumerate(zip(x, structure)) for leaf in _leaves(a, s, f"{where}[{k}]")]
-    if "opaque" in structure:
-        return []
-    if "const" in structure:
-        if _is_array(x) or x != structure["const"]:
-            raise ValueError(f"{where}: the model was compiled for the constant {structure['const']!r}, "
-                             f"given {x!r}")
-        return []
-    keys = [k for k, _ in structure["dict"]]
-    if not isinstance(x, dict):
-        raise ValueError(f"{where}: expected a dict with keys {keys}, given a {type(x).__name__}")
-    if set(x) != set(keys):
-        wrong = {"missing": [k for k in keys if k not in x], "unknown": [k for k in x if k not in keys]}
-        raise ValueError(f"{where}: expected the keys {keys}; " +
-                         "; ".join(f"{what} {ks}" for what, ks in wrong.items() if ks))
-    return [leaf for k, s in structure["dict"] for leaf in _leaves(x[k], s, f"{where}[{k!r}]")]
+from .report import CompileReport
+from .specs import InputSpec, is_array, is_torch, leaves
 
 
 class CompiledModel:
@@ -102,13 +20,13 @@ class CompiledModel:
     outputs in the model's own structure, numpy outputs as one array or a list. Calls from several
     threads at once are safe: a CPU program gives each call its own memory, others take turns."""
 
-    def __init__(self, executable: Any, inputs: list[InputSpec], out_spec: Any, report: dict,
-                 in_structure: Any = None):
+    def __init__(self, executable: Any, inputs: list[InputSpec], out_spec: Any,
+                 report: CompileReport | dict[str, Any], in_structure: Any = None):
         self.executable = executable
         self.inputs = inputs
         self.out_spec = out_spec
         self.in_structure = [None] * len(inputs) if in_structure is None else in_structure
-        self._report = report
+        self.compile_report = report if isinstance(report, CompileReport) else CompileReport.from_dict(report)
         self._expected = [(s.shape, np.dtype(s.dtype.np)) for s in inputs]
         self._torch_dtypes: list[Any] | None = None  # each input's torch dtype, once torch is seen
         # GPU programs keep their buffers on the device: their calls take turns
@@ -125,7 +43,7 @@ class CompiledModel:
         if arrays is not None:  # the common torch call: 8 us where the general path below takes 25
             return self._as_torch(self._execute(arrays))
         flat = self._flat(args)
-        use_torch = any(_is_torch(x) for x in flat)
+        use_torch = any(is_torch(x) for x in flat)
         arrays = [self._array(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, flat))]
         outs = self._execute(arrays)
         if not use_torch:
@@ -134,16 +52,15 @@ class CompiledModel:
 
     def _flat(self, args: tuple) -> list[Any]:
         """The call's tensors in the order of self.inputs: nested as the example inputs were, or flat."""
-        if len(args) == len(self.inputs) and all(_is_array(a) for a in args):
+        if len(args) == len(self.inputs) and all(is_array(a) for a in args):
             return list(args)
         if len(args) != len(self.in_structure):
             raise ValueError(f"expected {len(self.in_structure)} arguments, given {len(args)}; the inputs "
                              f"are {', '.join(_describe(s) for s in self.inputs)}")
-        leaves = _leaves(args, self.in_structure, "arguments")
-        if len(leaves) != len(self.inputs):  # a structure that disagrees with the program: never run it
-            want = len(self.inputs)
-            raise ValueError(f"the arguments hold {len(leaves)} tensors, not the program's {want}")
-        return leaves
+        flat = leaves(args, self.in_structure, "arguments")
+        if len(flat) != len(self.inputs):  # a structure that disagrees with the program: never run it
+            raise ValueError(f"the arguments hold {len(flat)} tensors, not the program's {len(self.inputs)}")
+        return flat
 
     def _as_torch(self, outs: list[np.ndarray]) -> Any:
         """outs as tensors, in the model's own output structure."""
@@ -194,7 +111,7 @@ class CompiledModel:
     @staticmethod
     def _array(k: int, spec: InputSpec, x: Any) -> np.ndarray:
         where = f"input {k} ({spec.name})"
-        if _is_torch(x):
+        if is_torch(x):
             got = str(x.dtype).removeprefix("torch.")
             if got != spec.dtype.name:
                 raise ValueError(f"{where}: expected dtype {spec.dtype.name}, given {got}")
@@ -219,8 +136,17 @@ class CompiledModel:
         save_artifact(self, path)
 
     def report(self) -> dict:
-        """What was chosen and why: JSON-serialisable."""
-        return copy.deepcopy(self._report)
+        """What was chosen and why, as JSON data (`compile_report` is the typed record)."""
+        return self.compile_report.to_dict()
+
+
+def load(path: str) -> CompiledModel:
+    """The CompiledModel an artifact holds; outputs are numpy arrays unless called with torch."""
+    from .artifact import load_artifact
+
+    loaded = load_artifact(path)
+    return CompiledModel(loaded.executable, loaded.inputs, loaded.out_spec, loaded.report,
+                         loaded.in_structure)
 
 
 def _describe(spec: InputSpec) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from . import algebra, fusion, layout, onehot, recognition
 from .lang import RuleSet
-from .targets import TARGETS, backend_rules
 
 # stages run in order, each to saturation or to the limits; targets join after the first
 STAGES: tuple[RuleSet, ...] = (algebra.RULES, recognition.RULES, layout.RULES)
@@ -17,11 +16,23 @@ ORACLE_FILLERS = (recognition.fill_matmul, recognition.fill_broadcasts, onehot.f
                   layout.fill_layout, algebra.fill_shapes)
 
 
+def backend_rules(target: str) -> tuple[RuleSet, ...]:
+    """The rule sets that join the e-graph for target only: its Target's rules()."""
+    from ..backends import get_target
+
+    try:
+        return tuple(get_target(target).rules())
+    except Exception as e:  # an unknown target, or one whose package does not import
+        raise ValueError(f"unknown target {target!r}: {e}") from None
+
+
 def all_rulesets() -> list[RuleSet]:
-    """Every rule set that exists, target ones included (each once)."""
+    """Every rule set that exists, every registered target's included (each once)."""
+    from ..backends import target_names
+
     out = [*STAGES, *EXPLOSIVE, *FUSION]
-    for sets in TARGETS.values():
-        out += [s for s in sets if s not in out]
+    for name in target_names():
+        out += [s for s in backend_rules(name) if s not in out]
     return out
 
 

@@ -1,23 +1,74 @@
-"""CPU backend: kernel IR -> LLVM IR (llvmlite) -> host machine code, one native entry point."""
+"""CPU target: kernel IR -> LLVM IR (llvmlite) -> host machine code, one native entry point."""
 
 from __future__ import annotations
 
-from ...compiler.kernel import Program
-from ...compiler.memplan import plan_memory
+from typing import Any
+
+import numpy as np
+
+from ...compiler.kernel import Kernel, Program, as_contraction
+from ..target import Section, Target
 
 
-class CpuBackend:
+class CpuTarget(Target):
     name = "cpu"
+    source_member = "kernels.ll"
+
+    def rules(self) -> tuple[Any, ...]:
+        from .rules import RULES
+
+        return (RULES,)
+
+    def probe(self) -> Any:
+        from .probe import CpuProbe
+
+        return CpuProbe()
+
+    def default_schedule(self, kernel: Kernel, threads: int = 1) -> Any:
+        from .schedules import default_schedule
+
+        return default_schedule(kernel, threads)
+
+    def schedule_space(self, kernel: Kernel, threads: int = 1) -> list[Any]:
+        from .schedules import schedule_space
+
+        return schedule_space(kernel, threads)
+
+    def tunes(self, kernel: Kernel, mode: str) -> bool:
+        return mode == "full" or as_contraction(kernel) is not None  # "fast": the GEMMs, where tiles matter
+
+    def schedule_trials(self, program: Program, threads: int, inputs: list[np.ndarray]) -> Any:
+        from .trials import Trials
+
+        return Trials(program, threads)
 
     def render(self, program: Program, threads: int = 1) -> str:
         from .codegen import build_module
+        from .runtime import layout, scheduled
 
-        return str(build_module(program, plan_memory(program), threads).ir)
+        code, plan = layout(scheduled(program, threads))
+        return str(build_module(code, plan, threads).ir)
 
-    def compile(self, program: Program, threads: int = 1):
+    def compile(self, program: Program, threads: int = 1) -> Any:
         from .runtime import CpuExecutable
 
         return CpuExecutable(program, threads)
 
+    def save(self, exe: Any) -> Section:
+        from .artifact import save
 
-__all__ = ["CpuBackend"]
+        return save(exe)
+
+    def load(self, program: Program, native: dict[str, Any], art: Any) -> Any:
+        from .artifact import load
+
+        return load(program, native, art)
+
+    def optional_weights(self, program: Program) -> set[str]:
+        from .artifact import packed_copies
+
+        return packed_copies(program)
+
+
+TARGET = CpuTarget()
+__all__ = ["TARGET", "CpuTarget"]

@@ -90,6 +90,3 @@ class Jitted:
 
     def address(self, name: str) -> int:
         return self.engine.get_function_address(name)
-
-    def assembly(self) -> str:
-        return target_machine().emit_assembly(self.llvm_module)

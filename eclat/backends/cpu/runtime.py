@@ -8,10 +8,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...compiler.kernel import Program
+from ...compiler.kernel import Program, Schedule
 from ...compiler.memplan import MemoryPlan, plan_memory
 from .codegen import build_module
 from .jit import Jitted, one_thread_warning
+from .schedules import default_schedule
 from .sides import fold_row_reductions
 
 
@@ -106,6 +107,14 @@ class _CallState:
     address: int  # of slots
 
 
+def scheduled(program: Program, threads: int = 1, lanes: int | None = None) -> Program:
+    """A copy of program (its buffers and kernels) in which every kernel has a CPU schedule: those not
+    scheduled yet (grouped, not searched, or scheduled for another target) take the default."""
+    return replace(program, buffers=dict(program.buffers),
+                   kernels=[replace(k, schedule=k.schedule if isinstance(k.schedule, Schedule)
+                                    else default_schedule(k, threads, lanes)) for k in program.kernels])
+
+
 class CpuExecutable(NativeRun):
     """Program -> native code: the module built and JIT-compiled here, run by NativeRun."""
 
@@ -114,14 +123,11 @@ class CpuExecutable(NativeRun):
         the host has is legal, LLVM splits the wide vectors)."""
         # the executable's own copy: codegen adds packed weights and folded sums to the buffers and
         # tuning sets schedules in place, so a shared program would drift from what was built here
-        program = replace(program, buffers=dict(program.buffers),
-                          kernels=[replace(k) for k in program.kernels])
+        program = scheduled(program, threads, lanes)
         one_thread_warning(threads)
         code, plan = layout(program)  # what runs; program is what reports and artifacts see
-        start = time.perf_counter()
         self.module = build_module(code, plan, threads, lanes)
         self.jit = Jitted(self.module.ir)
-        self.compile_seconds = time.perf_counter() - start
         super().__init__(program, plan, self.module.slot_names, self.jit.address("eclat_run"))
 
     def profile(self, inputs: list[np.ndarray], repeats: int = 5) -> list[float]:

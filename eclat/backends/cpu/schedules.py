@@ -64,10 +64,10 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     lanes, registers = _defaults(lanes, registers)
     m = _rows(kernel)
     if m is None:
-        return Schedule(threads=threads, vector=lanes)
+        return Schedule(threads=threads)
     if m < MATVEC_ROWS:  # matrix-vector: wide columns, each row its own accumulators
-        return Schedule(tile=(max(m, 1), MATVEC_VECTORS * lanes), threads=threads, vector=lanes)
-    return Schedule(tile=gemm_tiles(lanes, registers)[0], threads=threads, vector=lanes)
+        return Schedule(tile=(max(m, 1), MATVEC_VECTORS * lanes), threads=threads)
+    return Schedule(tile=gemm_tiles(lanes, registers)[0], threads=threads)
 
 
 def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,

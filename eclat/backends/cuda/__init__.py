@@ -1,12 +1,26 @@
-"""CUDA backend: the shared GPU renderer's CUDA dialect, compiled by nvcc, launched with pycuda.
+"""CUDA target: the shared GPU renderer's CUDA dialect, compiled by nvcc, launched with pycuda.
 
-Compiling needs neither a GPU nor pycuda: `compile` renders the program (and builds PTX where
-nvcc exists); only `run` needs a device and raises "no CUDA device found" without one."""
+Compiling needs neither a GPU nor pycuda: without a device the program is rendered (and built to
+PTX where nvcc exists) and kept for an artifact; only running it needs the device."""
 
 from __future__ import annotations
 
-from ..gpu_c import CUDA, GpuBackend
+from ...errors import EclatError
+from ..gpu.dialects import CUDA
+from ..gpu.target import GpuTarget
 
 
-class CudaBackend(GpuBackend):
-    name, dialect, runtime = "cuda", CUDA, "eclat.backends.cuda.runtime:CudaExecutable"
+def missing() -> str | None:
+    """Why CUDA programs cannot run here (no pycuda, no driver, no device); None when they can."""
+    from .runtime import driver
+
+    try:
+        driver()
+    except EclatError as e:
+        return str(e)
+    return None
+
+
+TARGET = GpuTarget(name="cuda", dialect=CUDA, runtime="eclat.backends.cuda.runtime:CudaExecutable",
+                   probe="eclat.backends.cuda.probe:CudaProbe",
+                   missing="eclat.backends.cuda:missing", source_member="kernels.cu")

@@ -15,7 +15,7 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu import CUDA, GpuSchedule, RenderedProgram, render_program
+from ..gpu import CUDA, Dialect, GpuSchedule, RenderedProgram, render_program
 from .nvcc import compile_ptx
 
 _STATE: dict[str, Any] = {}
@@ -53,10 +53,11 @@ def available() -> bool:
 
 
 class CudaExecutable:
-    def __init__(self, program: Program, schedules: dict[str, GpuSchedule] | None = None):
+    def __init__(self, program: Program, schedules: dict[str, GpuSchedule] | None = None,
+                 dialect: Dialect = CUDA):
         self.program = program
         self.plan: MemoryPlan = plan_memory(program)
-        self.rendered: RenderedProgram = render_program(program, CUDA, schedules)
+        self.rendered: RenderedProgram = render_program(program, dialect, schedules)
         self._ready = False
 
     @property

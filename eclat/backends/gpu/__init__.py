@@ -15,8 +15,9 @@ Every difference between the dialects is data in a `Dialect` (dialects.py); the 
         clamped on load and masked on store.
 
 Loads of the flat strategy are vectorised (float4) when the schedule asks and the index is
-provably aligned and unit-stride in the last axis. tune.py times every schedule of a kernel's
-space (`gpu_schedule_space`) in one build and keeps the fastest that gives the default's values.
+provably aligned and unit-stride in the last axis. A GPU target (target.py) builds every schedule
+of every kernel's space (`gpu_schedule_space`) in one program for the search to time, and the
+search keeps the fastest that gives the default's values.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from .schedules import (
     gpu_schedule_space,
     row_axes,
 )
-from .tune import GpuBackend, Variant, kernel_key, tune_schedules, with_variants
+from .target import DeferredExecutable, GpuTarget, Variant, with_variants
 
 __all__ = ["CUDA", "DIALECTS", "MATVEC_ROWS", "MAX_THREADS", "METAL", "OPENCL", "ROW_MIN_REDUCE",
-           "STRATEGIES", "Dialect", "GpuBackend", "GpuSchedule", "RenderedKernel", "RenderedProgram",
-           "Variant", "c_index", "default_gpu_schedule", "gpu_schedule_space", "kernel_key",
-           "render_kernel", "render_program", "row_axes", "tune_schedules", "with_variants"]
+           "STRATEGIES", "DeferredExecutable", "Dialect", "GpuSchedule", "GpuTarget", "RenderedKernel",
+           "RenderedProgram", "Variant", "c_index", "default_gpu_schedule", "gpu_schedule_space",
+           "render_kernel", "render_program", "row_axes", "with_variants"]

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...compiler.kernel import Program
 from ...errors import EclatError
-from ..gpu import METAL, GpuSchedule, RenderedProgram, render_program
+from ..gpu import METAL, Dialect, GpuSchedule, RenderedProgram, render_program
 
 SHIM = Path(__file__).parent / "shim"
 _CXX_FLAGS = ["-std=c++17", "-fsyntax-only", "-Wall", "-Werror", "-Wno-attributes",
@@ -48,10 +48,11 @@ def _metal() -> Any:
 
 
 class MetalExecutable:
-    def __init__(self, program: Program, schedules: dict[str, GpuSchedule] | None = None):
+    def __init__(self, program: Program, schedules: dict[str, GpuSchedule] | None = None,
+                 dialect: Dialect = METAL):
         Metal = _metal()
         self.program = program
-        self.rendered: RenderedProgram = render_program(program, METAL, schedules)
+        self.rendered: RenderedProgram = render_program(program, dialect, schedules)
         self.device = Metal.MTLCreateSystemDefaultDevice()
         if self.device is None:
             raise EclatError("no Metal device found")

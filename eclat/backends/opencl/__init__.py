@@ -1,9 +1,9 @@
-"""OpenCL backend: the shared GPU renderer's OpenCL dialect, run through pyopencl."""
+"""OpenCL target: the shared GPU renderer's OpenCL dialect, run through pyopencl."""
 
 from __future__ import annotations
 
-from ..gpu_c import OPENCL, GpuBackend
+from ..gpu.dialects import OPENCL
+from ..gpu.target import GpuTarget
 
-
-class OpenCLBackend(GpuBackend):
-    name, dialect, runtime = "opencl", OPENCL, "eclat.backends.opencl.runtime:OpenCLExecutable"
+TARGET = GpuTarget(name="opencl", dialect=OPENCL, runtime="eclat.backends.opencl.runtime:OpenCLExecutable",
+                   probe="eclat.backends.opencl.probe:OpenCLProbe", source_member="kernels.cl")

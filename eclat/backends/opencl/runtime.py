@@ -19,7 +19,7 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu import OPENCL, GpuSchedule, RenderedProgram, render_program
+from ..gpu import OPENCL, Dialect, GpuSchedule, RenderedProgram, render_program
 
 _BUILT: dict[tuple[int, str], Any] = {}
 
@@ -66,11 +66,12 @@ class OpenCLExecutable:
     """Program -> OpenCL kernels. `run(inputs)` takes arrays of the program's input shapes and
     dtypes and returns fresh output arrays."""
 
-    def __init__(self, program: Program, schedules: dict[str, GpuSchedule] | None = None):
+    def __init__(self, program: Program, schedules: dict[str, GpuSchedule] | None = None,
+                 dialect: Dialect = OPENCL):
         cl = _cl()
         self.program = program
         self.ctx, self.queue = context()
-        self.rendered: RenderedProgram = render_program(program, OPENCL, schedules)
+        self.rendered: RenderedProgram = render_program(program, dialect, schedules)
         prog = build(self.rendered.source)
         mf = cl.mem_flags
         # temporaries are regions of one arena placed by the memory planner, where the device's

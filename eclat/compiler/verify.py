@@ -1,0 +1,59 @@
+"""Verification: no executable leaves the compiler without its outputs checked against a reference
+(the lowered graph run by the numpy interpreter, or the model run by torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import EclatError
+from ..ir.graph import Graph, numel
+from .kernel import Program
+
+RTOL, ATOL = 1e-3, 1e-4
+REFERENCE_BUDGET = 20_000_000  # elements the reference interpreter may touch on the lowered graph
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A tensor or array as numpy (bfloat16 widened to float32: numpy has no bfloat16)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        return x.float().numpy() if str(x.dtype) == "torch.bfloat16" else x.numpy()
+    return np.asarray(x)
+
+
+def reference_graph(graph: Graph, candidates: list[Graph]) -> Graph:
+    """The graph whose interpretation is the reference: the model as lowered, unless
+    interpreting it would materialise huge broadcast products (a matmul as sum(mul(expand,
+    expand)) costs M*K*N memory in numpy); then the e-graph's first candidate, which keeps
+    recognised contractions as composites that numpy runs directly. Rewrites are
+    checked for soundness on their own, so either is a faithful reference."""
+    work = sum(numel(n.shape) or 0 for n in graph.nodes())
+    return graph if work <= REFERENCE_BUDGET or not candidates else candidates[0]
+
+
+def verified_build(program: Program, target: Any, threads: int, arrays: list[np.ndarray],
+                   reference: list[np.ndarray] | None) -> Any:
+    """program compiled for target, run once on arrays and its outputs checked against reference
+    (raises when wrong)."""
+    exe = target.compile(program, threads)
+    outs = exe.run([np.ascontiguousarray(a) for a in arrays])
+    if reference is not None:
+        verify(outs, reference)
+    return exe
+
+
+def verify(outs: list[np.ndarray], reference: list[np.ndarray]) -> None:
+    for j, (o, r) in enumerate(zip(outs, reference)):
+        r = np.asarray(r)
+        if o.shape != r.shape:
+            raise EclatError(f"output {j}: shape {o.shape}, reference {r.shape}")
+        if r.dtype.kind in "biu":
+            ok = np.array_equal(o, r)
+        else:
+            scale = max(1.0, float(np.max(np.abs(r[np.isfinite(r)]), initial=0.0)))
+            ok = np.allclose(o, r, rtol=RTOL, atol=ATOL * scale, equal_nan=True)
+        if not ok:
+            err = np.max(np.abs(o.astype(np.float64) - r.astype(np.float64)), initial=0.0)
+            raise EclatError(f"output {j} differs from the reference (max abs error {err:.3g})")
