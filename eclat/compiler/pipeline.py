@@ -217,7 +217,7 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
                        quiet=bars, desc="candidates")
     except TuningError:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors)) from None
-    stats.pruned = found.stats.pruned + len(candidates) - len(programs)
+    stats.pruned = found.stats.pruned
     stats.timed, stats.chosen = found.stats.timed, found.winner.schedule["candidate"]
     return found.measured_us / 1e6, built[id(found.winner)], found.winner.payload, stats
 
