@@ -102,3 +102,29 @@ def test_attention_over_a_symbolic_sequence():
             want = model(torch.from_numpy(x)).numpy()
         for cand in res.candidates:
             np.testing.assert_allclose(run(cand, [x])[0], want, rtol=1e-4, atol=1e-4)
+
+
+class _Softmax(nn.Module):
+    """Softmax over the last axis, spelled as people write it by hand."""
+
+    def __init__(self, spelling: str):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shift = {"amax": lambda: torch.amax(x, dim=-1, keepdim=True),
+                 "max": lambda: x.max(dim=-1, keepdim=True).values,
+                 "unsqueezed": lambda: torch.amax(x, dim=-1).unsqueeze(-1),
+                 "none": lambda: None}[self.spelling]()
+        e = torch.exp(x if shift is None else x - shift)
+        return e / e.sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("spelling", ["amax", "max", "unsqueezed", "none"])
+def test_softmax_is_recognised_however_it_is_spelled(spelling):
+    x = torch.randn(3, 4, 16)
+    model = _Softmax(spelling)
+    graph = lower(model, (x,))
+    best = optimize(graph, "cpu", k=2).candidates[0]
+    assert best.op_counts() == {"input": 1, "softmax": 1}
+    np.testing.assert_allclose(run(best, [x.numpy()])[0], torch.softmax(x, -1).numpy(), rtol=1e-5, atol=1e-6)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ir import graph as g
-from ..ir.graph import Graph
+from ..ir.graph import Graph, Node
 from ..ir.symbolic import as_int
 from ..ir.view import View
-from .composites import center, layernorm, matmul, rmsnorm, softmax
+from .composites import LOG2E, center, layernorm, matmul, rmsnorm, softmax
 from .lang import Rule, RuleSet
 from .onehot import RULES as ONEHOT
 
@@ -158,14 +158,73 @@ def _attention_rules() -> list[Rule]:
 
 ATTENTION = _attention_rules()
 
+# Softmax however it is spelled: the row maximum subtracted through a keepdim view then a broadcast
+# (torch.softmax's decomposition, amax(keepdim=True)), through one broadcast view of the reduced row
+# (amax without keepdim, then unsqueeze), or not at all (exp(x) / sum(exp(x)): equal in exact
+# arithmetic; the composite's subtraction only keeps exp from overflowing); the sum divided the same
+# two ways. Each form: (lhs text with s, r and e, facts it needs, how to build it for the check).
+_SOFTMAX_MAX = {
+    "keep": ("(View (Neg (View (MaxReduce s r) vk1)) ve1)",
+             ("(= 1 (keep vk1 r))", "(= 1 (spread ve1 r))")),
+    "bcast": ("(Neg (View (MaxReduce s r) ve1))", ("(= 1 (spread ve1 r))",)),
+    "none": (None, ()),
+}
+_SOFTMAX_SUM = {
+    "keep": ("(Mul e (View (Recip (View (Sum e r) vk2)) ve2))",
+             ("(= 1 (keep vk2 r))", "(= 1 (spread ve2 r))")),
+    "bcast": ("(Mul e (Recip (View (Sum e r) ve2)))", ("(= 1 (spread ve2 r))",)),
+}
+
+
+def _broadcast(t: Node, axis: int, full: tuple, keepdim: bool) -> Node:
+    """A reduction's result broadcast back along axis: through a keepdim view, or in one view."""
+    kept = (*full[:axis], 1, *full[axis + 1:])
+    if keepdim:
+        return g.movement(g.movement(t, lambda v: v.reshape(kept)), lambda v: v.expand(full))
+    return g.movement(t, lambda v: v.reshape(kept).expand(full))
+
+
+def _softmax_example(max_form: str, sum_form: str) -> Callable[[], Graph]:
+    def example() -> Graph:
+        x, r = g.input_("x", (2, 3, 5)), 2
+        full = tuple(x.shape)
+        if max_form == "none":
+            shifted = x
+        elif max_form == "keep":
+            kept = g.movement(g.reduce("max_reduce", x, r), lambda v: v.reshape((2, 3, 1)))
+            shifted = g.binary("add", x, g.movement(g.unary("neg", kept), lambda v: v.expand(full)))
+        else:
+            m = _broadcast(g.reduce("max_reduce", x, r), r, full, False)
+            shifted = g.binary("add", x, g.unary("neg", m))
+        e = g.unary("exp2", g.binary("mul", shifted, g.expand_to(g.const(LOG2E), full)))
+        total = g.reduce("sum", e, r)
+        if sum_form == "keep":
+            kept = g.movement(total, lambda v: v.reshape((2, 3, 1)))
+            inv = g.movement(g.unary("recip", kept), lambda v: v.expand(full))
+        else:
+            inv = g.unary("recip", _broadcast(total, r, full, False))
+        return Graph([x], [g.binary("mul", e, inv)], {})
+    return example
+
+
+def _softmax_rules() -> list[Rule]:
+    out = []
+    for mname, (shift, mfacts) in _SOFTMAX_MAX.items():
+        body = f"(Add s {shift})" if shift else "s"
+        e = f"(= e (Exp2 (Mul {body} (Fill c d sh))))"
+        for sname, (lhs, sfacts) in _SOFTMAX_SUM.items():
+            name = "softmax" if (mname, sname) == ("keep", "keep") else f"softmax-{mname}-max-{sname}-sum"
+            facts = (e, "(> c 1.44269)", "(< c 1.4427)", *mfacts, *sfacts)
+            out.append(Rule(name, lhs, "(Softmax s r)", facts, example=_softmax_example(mname, sname)))
+    return out
+
+
+SOFTMAX = _softmax_rules()
+
 RULES = RuleSet("recognition", (
     Rule("matmul", "(Sum (Mul (View x va) (View y vb)) r)", "(View (Matmul (View x a2) (View y b2)) o)",
          ("(= a2 (mm_a va vb r))", "(= b2 (mm_b va vb r))", "(= o (mm_o va vb r))"), example=_example),
-    Rule("softmax", "(Mul e (View (Recip (View (Sum e r) vk2)) ve2))", "(Softmax s r)",
-         ("(= e (Exp2 (Mul (Add s (View (Neg (View (MaxReduce s r) vk1)) ve1)) (Fill c d sh))))",
-          "(> c 1.44269)", "(< c 1.4427)", "(= 1 (keep vk1 r))", "(= 1 (spread ve1 r))",
-          "(= 1 (keep vk2 r))", "(= 1 (spread ve2 r))"),
-         example=_composite_example(lambda x: softmax(x, 2))),
+    *SOFTMAX,
     Rule("rmsnorm", "(Mul x (View (Recip (Sqrt (Add (Mul (View (Sum (Mul x x) r) vk) (Fill a d s1)) "
          "(Fill b d s2)))) ve))", "(RmsNorm x r a b)", ("(= 1 (keep vk r))", "(= 1 (spread ve r))"),
          example=_composite_example(lambda x: rmsnorm(x, 1, 1 / 3, 1e-5))),
