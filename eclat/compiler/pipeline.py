@@ -153,12 +153,15 @@ def _egraph_stats(egraph: dict) -> EgraphStats:
 
 
 def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:
+    """The e-graph's candidates, each with its weight-only values computed now (rewrites.fold)."""
     try:
-        optimize = _rewrites().optimize
+        rewrites = _rewrites()
     except ImportError:
         return [graph], {}
-    opt = optimize(graph, target, k)
-    return (opt.candidates or [graph]), dict(opt.stats)
+    from ..rewrites.fold import fold_weights
+
+    opt = rewrites.optimize(graph, target, k)
+    return [fold_weights(c) for c in opt.candidates or [graph]], dict(opt.stats)
 
 
 def _rewrites() -> Any:

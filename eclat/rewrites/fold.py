@@ -1,0 +1,166 @@
+"""Compile-time folding: a value that depends only on weights and constants is computed once, here,
+and becomes a weight of the program, so no kernel recomputes it (or reads its sources) per call.
+
+    fold_weights(graph) -> the same graph with every worthwhile weight-only value precomputed
+
+Each weight-only value read by a run-time node (or returned) is folded when it is worth it, else
+its operands are tried in turn:
+
+  * not a leaf, nor a view of a leaf: views are free, and the e-graph already lays weights out in
+    the order their readers want (layout.py);
+  * stored without its broadcast axes: where the value repeats along an axis (a bias, a BatchNorm
+    scale expanded to [batch, c, h, w]) one copy is kept and the expand stays a view; a value
+    that repeats along every axis becomes a constant;
+  * not much larger than the weights it reads (bytes stored <= their bytes + SLACK_BYTES): a
+    rank-8 product A @ B alone is d*d from 2*d*8 and stays two thin GEMMs; W + A @ B folds.
+
+Values are computed by the reference interpreter with floating-point operations in float64
+(explicit casts still round), then rounded once to the value's dtype. Identical results are
+stored once; a folded weight is named after what it computes from which weights, e.g.
+"mul(scale,w)".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..ir import graph as g
+from ..ir.dtypes import DType, round_bfloat16
+from ..ir.graph import Graph, Node, numel
+from ..ir.interpreter import evaluate_node
+
+SLACK_BYTES = 4096  # a fold may exceed the weights it reads by this (a small table made from iota)
+EVAL_LIMIT = 1 << 24  # elements of one value the interpreter may build here
+NAME_SOURCES = 3  # weights named in a folded weight's name, at most
+
+_WIDE = SimpleNamespace(np=np.dtype(np.float64), is_float=True)  # a float dtype stand-in for numpy
+
+
+def fold_weights(graph: Graph) -> Graph:
+    """graph with every weight-only value worth materialising replaced by a precomputed weight
+    (read through a broadcast view where it repeats) or a constant."""
+    nodes = graph.nodes()
+    sources = _weight_only(graph, nodes)
+    values: dict[int, np.ndarray] = {}
+    chosen = _chosen(graph, nodes, sources, values)
+    if not chosen:
+        return graph
+    weights: dict[str, np.ndarray] = {}
+    made: dict[tuple, Node] = {}  # identical results share one weight
+    new: dict[int, Node] = {}
+    for n in nodes:
+        srcs = [new[id(s)] for s in n.srcs]
+        if id(n) not in chosen and n.op == "view" and srcs[0].op == "view":
+            chosen[id(n)] = _stored(n, _value(n, graph, values))  # a view of a folded broadcast
+        if id(n) in chosen:
+            new[id(n)] = _leaf(n, chosen[id(n)], sources[id(n)], graph.weights, weights, made)
+        elif all(a is b for a, b in zip(srcs, n.srcs)):
+            new[id(n)] = n
+        else:
+            new[id(n)] = Node(n.op, srcs, n.arg, n.shape, n.dtype)
+    out = dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs], weights=weights)
+    out.weights.update((n.arg, graph.weights[n.arg]) for n in out.nodes()  # the weights still read
+                       if n.op == "weight" and n.arg not in weights)
+    return out
+
+
+def _weight_only(graph: Graph, nodes: list[Node]) -> dict[int, dict[str, int]]:
+    """For each value no input reaches (and small enough to compute here): the weights it reads,
+    name -> bytes."""
+    sources: dict[int, dict[str, int]] = {}
+    for n in nodes:
+        size = numel(n.shape)
+        if n.op == "input" or size is None or size > EVAL_LIMIT:
+            continue
+        if n.op == "weight":
+            sources[id(n)] = {n.arg: graph.weights[n.arg].size * n.dtype.itemsize}
+        elif n.kind == "leaf":  # const, iota of a known length
+            sources[id(n)] = {}
+        elif all(id(s) in sources for s in n.srcs):
+            sources[id(n)] = {k: v for s in n.srcs for k, v in sources[id(s)].items()}
+    return sources
+
+
+def _chosen(graph: Graph, nodes: list[Node], sources: dict[int, dict[str, int]],
+            values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """The weight-only values to fold, outermost first under each run-time reader: node id -> the
+    array to store (broadcast axes kept at size 1)."""
+    roots = [o for o in graph.outputs if id(o) in sources]
+    roots += [s for n in nodes if id(n) not in sources for s in n.srcs if id(s) in sources]
+    chosen: dict[int, np.ndarray] = {}
+    seen: set[int] = set()
+    while roots:
+        n = roots.pop()
+        if id(n) in seen or n.kind == "leaf" or (n.op == "view" and n.srcs[0].kind == "leaf"):
+            continue
+        seen.add(id(n))
+        stored = _stored(n, _value(n, graph, values))
+        if stored.size * n.dtype.itemsize <= sum(sources[id(n)].values()) + SLACK_BYTES:
+            chosen[id(n)] = stored
+        else:
+            roots.extend(n.srcs)
+    return chosen
+
+
+def _value(n: Node, graph: Graph, values: dict[int, np.ndarray]) -> np.ndarray:
+    """n's value (floating point in float64), computing what it needs once."""
+    stack = [n]
+    while stack:
+        m = stack[-1]
+        todo = [s for s in m.srcs if id(s) not in values]
+        if todo:
+            stack.extend(todo)
+            continue
+        if id(m) not in values:
+            values[id(m)] = _wide(m, [values[id(s)] for s in m.srcs], graph)
+        stack.pop()
+    return values[id(n)]
+
+
+def _wide(n: Node, srcs: list[np.ndarray], graph: Graph) -> np.ndarray:
+    """One node's value; a float one in float64. Leaves and casts keep their own rounding."""
+    exact = n.kind == "leaf" or n.op == "cast" or not n.dtype.is_float
+    node = n if exact else SimpleNamespace(op=n.op, srcs=n.srcs, arg=n.arg, shape=n.shape, dtype=_WIDE)
+    with np.errstate(all="ignore"):  # inf and nan are values like any other
+        out = np.asarray(evaluate_node(node, srcs, graph, {}))
+    return out.astype(np.float64) if n.dtype.is_float else out
+
+
+def _stored(n: Node, value: np.ndarray) -> np.ndarray:
+    """value rounded to n's dtype, taken once along every axis it repeats on (bit for bit)."""
+    value = np.ascontiguousarray(value.astype(n.dtype.np))
+    if n.dtype is DType.bfloat16:
+        value = round_bfloat16(value)
+    bits = np.dtype(f"u{value.itemsize}")
+    for axis in range(value.ndim):
+        first = np.take(value, [0], axis=axis)
+        same = np.broadcast_to(first.view(bits), value.shape)
+        if value.shape[axis] > 1 and np.array_equal(value.view(bits), same):
+            value = first
+    return value
+
+
+def _leaf(n: Node, stored: np.ndarray, sources: dict[str, int], taken: dict[str, np.ndarray],
+          weights: dict[str, np.ndarray], made: dict[tuple, Node]) -> Node:
+    """The folded value: a constant if one number, else a weight, read through a broadcast view."""
+    if stored.size == 1:
+        return g.expand_to(g.const(stored.item(), n.dtype), n.shape)
+    squeezed = stored.reshape([d for d in stored.shape if d != 1])
+    key = (n.dtype, squeezed.shape, hashlib.sha1(squeezed.tobytes()).hexdigest())
+    if key not in made:
+        names = sorted(sources) or ["iota"]  # sorted: a commuted candidate's fold gets the same name
+        src = n
+        while src.op in ("view", "contiguous"):  # named by what they read
+            src = src.srcs[0]
+        base = f"{src.op}({','.join(names[:NAME_SOURCES] + ['...'] * (len(names) > NAME_SOURCES))})"
+        name, k = base, 1
+        while name in weights or name in taken:
+            k += 1
+            name = f"{base}#{k}"
+        weights[name] = squeezed
+        made[key] = g.weight(name, squeezed, n.dtype)
+    return g.movement(made[key], lambda v: v.reshape(stored.shape).expand(n.shape))
