@@ -33,9 +33,27 @@ Plan = tuple[int, int, int, View, View, View]  # va, vb, r (ids and axis), a2, b
 def compose(o: View, w: View) -> View | None:
     """u with View(View(m, o), w) == View(m, u), where w reads View(m, o)'s elements in
     row-major order of o's shape. None unless every size is known, neither view masks, and
-    every axis of w walks a single axis of o within its bounds (no carry into the next)."""
+    every axis of w walks a single axis of o, or of o with its mergeable axes merged, within
+    its bounds (no carry into the next)."""
     if o.mask is not None or w.mask is not None:
         return None
+    return _compose(o, w) or _compose(_merged(o), w)
+
+
+def _merged(o: View) -> View:
+    """o without unit axes and with neighbours merged where o reads them as one axis."""
+    axes = [(n, s) for n, s in zip(o.shape, o.strides) if as_int(n) != 1]
+    out: list[tuple] = []
+    for n, s in axes:
+        if out and as_int(out[-1][1]) is not None and as_int(n) is not None and as_int(s) is not None \
+                and out[-1][1] == s * n:
+            out[-1] = (out[-1][0] * n, s)
+        else:
+            out.append((n, s))
+    return View.make([n for n, _ in out], [s for _, s in out], o.offset)
+
+
+def _compose(o: View, w: View) -> View | None:
     dims, ostr = [as_int(n) for n in o.shape], [as_int(s) for s in o.strides]
     wn, ws = [as_int(n) for n in w.shape], [as_int(s) for s in w.strides]
     ooff, woff = as_int(o.offset), as_int(w.offset)

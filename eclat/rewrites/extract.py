@@ -1,21 +1,27 @@
 """Extraction of K candidate programs from a frozen e-graph.
 
 The e-graph is read once (`read_egraph`), every e-class gets its shape and dtype, and
-every e-node a cost estimate. `extract` is a greedy DAG extraction: the cost of choosing
-a node is its own cost plus the union of its children's chosen sub-DAGs, so a value used
-twice is paid once. That is only true of a value materialised in a buffer: `dag_cost`, the
-cost a whole program is ranked by, charges an elementwise value once per kernel that
-evaluates it (a backend recomputes what is fused into several kernels). Further
-candidates come from materialising the values recomputed most (their `Contiguous` made
-attractive) and from re-running the extraction with per-node random penalties; programs
-that differ only in the order of commutative operands count as one.
-"""
+every e-node a cost: a roofline time on a `Roofline` (peak FLOP/s, bandwidth, launch), so a
+product's cost sees its FLOPs and the bytes it moves, a kernel boundary its launch, and the
+order of a matmul chain or a merge of products shows in the cost. Values no input reaches
+cost nothing (eclat.rewrites.fold computes them at compile time); a computed operand of a
+product pays for the buffer grouping makes of it. `extract` is a greedy DAG extraction: the
+cost of choosing a node is its own cost plus the union of its children's chosen sub-DAGs, so
+a value used twice is paid once. That is only true of a value materialised in a buffer:
+`dag_cost`, the cost a whole program is ranked by, charges an elementwise value once per
+kernel that evaluates it (a backend recomputes what is fused into several kernels).
 
+`candidates` forces, one at a time, the plausible other choices of the greedy program's
+classes and keeps what dag_cost ranks best (which also repairs the greedy's blindness to
+sharing), then materialises recomputed values; programs that differ only in the order of
+commutative operands count as one. `differences` says in a few words what each candidate
+does differently from the first.
+"""
 from __future__ import annotations
 
 import math
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,15 +33,20 @@ from ..ir.symbolic import Expr, as_int
 from ..ir.view import View
 from .lang import CTORS
 
-LAUNCH = 2000.0  # a kernel boundary, in units of one elementwise op
-FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one kernel, per-element work
+# per-element work of the ops that are not products, in peak-FLOP equivalents: a product
+# runs at the FMA peak, an elementwise op or a reduction step reaches a fraction of it
+OP_FLOPS = 4.0
+TRANSCENDENTAL_FLOPS = 20.0
+FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one kernel, ops per element
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
+FOLD_SLACK = 1024  # elements a weight-only value may exceed its operands by and still be folded
 SYMBOLIC_HINT = 64  # size assumed for a symbolic dimension when estimating
 COPY = 1e12  # a runtime copy of a buffer that already exists
 # nodes computed once in a kernel of their own, whose result is a buffer; all others are fused
 # into (and recomputed by) every kernel that reads them
 BOUNDARY = {"Contiguous", "Sum", "MaxReduce", "Matmul", "Softmax", "RmsNorm", "LayerNorm", "Attention"}
 COMMUTATIVE = {"Add", "Mul", "Max"}
+QUIET = {"View", "Leaf", "Fill", "Contiguous"}  # not named in the op counts of `describe`
 
 
 @dataclass
@@ -127,35 +138,61 @@ def numel(shape: tuple) -> int:
     return math.prod(as_int(d) if as_int(d) is not None else SYMBOLIC_HINT for d in shape)
 
 
-def node_cost(node: tuple, out: tuple, kids: list, attrs: list) -> float:
-    """Estimated time of one e-node, in elementwise-op units."""
+@dataclass(frozen=True)
+class Roofline:
+    """The machine costs are estimated for: peak FLOP/s (FMA), memory bandwidth (bytes/s) and the
+    fixed cost of a kernel. Defaults: a 2-core AVX2 CPU (this project's measured host: 100-150
+    GFLOP/s, 18-20 GB/s). A driver may pass a measured device's: Roofline(gflops * 1e9, gbps * 1e9,
+    launch_us * 1e-6)."""
+    flops: float = 1e11
+    bandwidth: float = 2e10
+    launch: float = 1e-6
+
+    def time(self, flops: float, nbytes: float, kernel: bool = True) -> float:
+        """Nanoseconds: max(compute, memory) plus a launch where the node is a kernel of its own."""
+        return 1e9 * (max(flops / self.flops, nbytes / self.bandwidth) + (self.launch if kernel else 0.0))
+
+
+CPU = Roofline()
+
+
+def node_cost(node: tuple, out: tuple, kids: list, attrs: list, roof: Roofline = CPU) -> float:
+    """Estimated time of one e-node in nanoseconds, on roof. A kernel (a BOUNDARY node) pays its
+    launch and the larger of its FLOPs and the bytes it reads and writes; a node fused into a kernel
+    pays its FLOPs (its operands and result stay in registers)."""
     ctor = node[0]
     n = numel(out[0])
+    size = out[1].itemsize
+
+    def nbytes(*shapes: tuple) -> float:
+        return float(size * sum(numel(s) for s in shapes))
+
     if ctor in ("Leaf", "Fill"):
         return 0.0
     if ctor == "View":
         v: View = attrs[node[2]]
         last = v.strides[-1] if v.strides else 1
         strided = isinstance(last, Expr) or last not in (0, 1)
-        return 0.5 * n if strided else 0.0  # a strided innermost read wastes cache lines
+        return roof.time(0.0, nbytes(out[0]), kernel=False) if strided else 0.0  # wasted cache lines
     if ctor == "Contiguous":
-        return LAUNCH + 2.0 * n
+        return roof.time(0.0, 2 * nbytes(out[0]))
     if ctor in ("Sum", "MaxReduce"):
-        return LAUNCH + numel(kids[0][0])
-    if ctor == "Matmul":
-        return LAUNCH + 0.25 * numel(kids[0][0]) * numel(kids[1][0][-1:])
+        return roof.time(OP_FLOPS * numel(kids[0][0]), nbytes(kids[0][0], out[0]))
+    if ctor == "Matmul":  # 2 M K N per batch
+        return roof.time(2.0 * n * numel(kids[0][0][-1:]), nbytes(kids[0][0], kids[1][0], out[0]))
     if ctor == "Attention":  # both products and the softmax in one kernel
         scores = numel(kids[3][0])
-        return LAUNCH + 0.25 * scores * (numel(kids[0][0][-1:]) + numel(kids[2][0][-1:])) \
-            + FUSED_REDUCTIONS["Softmax"] * scores
-    if ctor in FUSED_REDUCTIONS:
-        return LAUNCH + FUSED_REDUCTIONS[ctor] * n
+        flops = 2.0 * scores * (numel(kids[0][0][-1:]) + numel(kids[2][0][-1:]))
+        return roof.time(flops + OP_FLOPS * FUSED_REDUCTIONS["Softmax"] * scores,
+                         nbytes(*(k[0] for k in kids), out[0]))
+    if ctor in FUSED_REDUCTIONS:  # one pass: its output stands for the input its readers would read
+        return roof.time(OP_FLOPS * FUSED_REDUCTIONS[ctor] * n, nbytes(out[0]))
     if ctor in TRANSCENDENTAL:
-        return 4.0 * n
-    return float(n)
+        return roof.time(TRANSCENDENTAL_FLOPS * n, 0.0, kernel=False)
+    return roof.time(OP_FLOPS * n, 0.0, kernel=False)
 
 
-def costs(data: EGraphData, attrs: list, copy_leaves: bool = False) -> list[float]:
+def costs(data: EGraphData, attrs: list, copy_leaves: bool = False, roof: Roofline = CPU) -> list[float]:
     """Per-node costs; inf where a node cannot be typed. Copying a buffer that already exists
     (a leaf, or a value only computed by a kernel of its own) is never worth it (a layout is
     made at compile time): unless copy_leaves, it costs COPY, chosen only where the input
@@ -166,19 +203,63 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False) -> list[floa
     # a weight read through a view is a compile-time constant too (layout makes such arrays)
     leaves |= {c for node, c, kids in zip(data.nodes, data.node_class, data.children)
                if not copy_leaves and node[0] == "View" and kids[0] in leaves}
-    return [node_cost(node, data.info[c], [data.info[k] for k in kids], attrs)
-            + (COPY if node[0] == "Contiguous" and kids[0] in leaves else 0.0)
-            if c in data.info and all(k in data.info for k in kids) else math.inf
-            for node, c, kids in zip(data.nodes, data.node_class, data.children)]
+    const = _constant_classes(data, attrs)
+    operands = _product_operands(data)
+
+    def one(node: tuple, c: int, kids: list[int]) -> float:
+        if c not in data.info or any(k not in data.info for k in kids):
+            return math.inf
+        if node[0] == "Contiguous":
+            return node_cost(node, data.info[c], [], attrs, roof) + (COPY if kids[0] in leaves else 0.0)
+        shapes = [data.info[k] for k in kids]
+        if kids and all(k in const for k in kids) \
+                and numel(data.info[c][0]) <= sum(numel(s) for s, _ in shapes) + FOLD_SLACK:
+            return 0.0  # folded at compile time (eclat.rewrites.fold)
+        own = node_cost(node, data.info[c], shapes, attrs, roof)
+        if c in operands and node[0] not in BOUNDARY and node[0] not in QUIET:
+            # grouping materialises a computed operand of a product (else every tile recomputes it)
+            own += node_cost(("Contiguous",), data.info[c], [], attrs, roof)
+        return own
+
+    return [one(node, c, kids) for node, c, kids in zip(data.nodes, data.node_class, data.children)]
+
+
+def _product_operands(data: EGraphData) -> set[int]:
+    """Classes a Matmul or Attention reads, directly or through a view."""
+    direct = {k for node, kids in zip(data.nodes, data.children) if node[0] in ("Matmul", "Attention")
+              for k in kids}
+    return direct | {kids[0] for node, c, kids in zip(data.nodes, data.node_class, data.children)
+                     if node[0] == "View" and c in direct}
+
+
+def _constant_classes(data: EGraphData, attrs: list) -> set[int]:
+    """Classes that no input reaches: weights, constants and what is computed from them only."""
+    users = _users(data)
+    pending = [len(set(kids)) for kids in data.children]
+    work = deque(n for n, node in enumerate(data.nodes)
+                 if node[0] == "Fill" or node[0] == "Leaf" and attrs[node[1]].op != "input")
+    const: set[int] = set()
+    while work:
+        c = data.node_class[work.popleft()]
+        if c in const:
+            continue
+        const.add(c)
+        for u in users.get(c, ()):
+            pending[u] -= 1
+            if pending[u] == 0:
+                work.append(u)
+    return const
 
 
 def extract(data: EGraphData, cost: list[float], max_visits: int = 4,
-            users: dict[int, list[int]] | None = None) -> dict[int, int]:
+            users: dict[int, list[int]] | None = None, totals: dict[int, float] | None = None
+            ) -> dict[int, int]:
     """Greedy DAG extraction: class -> chosen node. Sub-DAGs are bitsets of classes (Python
-    ints); a worklist revisits the users of a class whenever its choice improves."""
+    ints); a worklist revisits the users of a class whenever its choice improves. totals, when
+    given, receives each class's sub-DAG cost."""
     users = _users(data) if users is None else users
     best: dict[int, int] = {}
-    best_cost: dict[int, float] = {}
+    best_cost: dict[int, float] = {} if totals is None else totals
     sets: dict[int, int] = {}
     visits = [0] * len(data.nodes)
     work = deque(n for n, kids in enumerate(data.children) if not kids)
@@ -285,33 +366,140 @@ def _recomputed(data: EGraphData, cost: list[float], choice: dict[int, int],
     return sorted(waste, key=lambda c: -waste[c])
 
 
-def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0,
-               spread: float = 0.8, deadline: Callable[[], bool] = lambda: False) -> list[dict[int, int]]:
-    """Up to k distinct extractions, cheapest (by dag_cost) first."""
+def _alternatives(data: EGraphData, cost: list[float], first: dict[int, int], totals: dict[int, float],
+                  factor: float) -> list[tuple[int, int]]:
+    """(class, node): the other nodes of the first program's classes whose own cost plus their
+    operands' best sub-DAGs is within factor of the chosen one's. Commutative swaps of the chosen
+    node are left out (the same program). Ordered kind by kind (old and new constructor), each
+    kind's closest first, so that a few tries cover different kinds of choice."""
+    members: dict[int, list[int]] = {}
+    for n, c in enumerate(data.node_class):
+        if c in first:
+            members.setdefault(c, []).append(n)
+    kinds: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
+    for c, chosen in first.items():
+        base = max(totals.get(c, 0.0), 1e-3)
+        same = _key(data, chosen)
+        for n in members[c]:
+            if n == chosen or cost[n] == math.inf or _key(data, n) == same \
+                    or any(k not in totals for k in data.children[n]):
+                continue
+            est = cost[n] + sum(totals[k] for k in set(data.children[n]))
+            if est <= factor * base:
+                kinds.setdefault((data.nodes[chosen][0], data.nodes[n][0]), []).append((est / base, c, n))
+    queues = sorted((sorted(q) for q in kinds.values()), key=lambda q: q[0][0])
+    out = []
+    for rank in range(max((len(q) for q in queues), default=0)):
+        out += [(c, n) for q in queues if rank < len(q) for _, c, n in [q[rank]]]
+    return out
+
+
+def _key(data: EGraphData, n: int) -> tuple:
+    ctor, *args = data.nodes[n]
+    return (ctor, *sorted(args)) if ctor in COMMUTATIVE else (ctor, *args)
+
+
+def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0, spread: float = 0.8,
+               deadline: Callable[[], bool] = lambda: False, factor: float = 4.0,
+               tries: int | None = None) -> list[dict[int, int]]:
+    """Up to k distinct extractions, cheapest (by dag_cost) first.
+
+    After the greedy extraction, each plausible other choice of its classes (`_alternatives`:
+    within factor of the greedy's estimate) is forced in turn, at most `tries` (3 k, at least 6) of
+    them: its class may pick only that node, the rest is extracted again. A forced choice that
+    lowers dag_cost stays forced for the following tries (the greedy misses sharing: it may pick a
+    node whose operands are cheap alone where another's are computed anyway). Then the values the
+    first program recomputes most are materialised; random penalties only fill up what is still
+    missing."""
     rng = random.Random(seed)
     found: dict[frozenset, tuple[float, dict[int, int]]] = {}
     contiguous = {data.children[n][0]: n for n, node in enumerate(data.nodes) if node[0] == "Contiguous"}
     users = _users(data)
+    by_class: dict[int, list[int]] = {}
+    for n, c in enumerate(data.node_class):
+        by_class.setdefault(c, []).append(n)
 
-    def add(costs_used: list[float], visits: int) -> dict[int, int] | None:
-        choice = reachable(data, extract(data, costs_used, visits, users))
+    def add(costs_used: list[float], visits: int, totals: dict | None = None) -> dict[int, int] | None:
+        choice = reachable(data, extract(data, costs_used, visits, users, totals))
         if choice is not None:
             found.setdefault(_signature(data, choice), (dag_cost(data, cost, choice), choice))
         return choice
 
-    first = add(cost, 4)
-    if first is not None and k > 1:
-        # materialise the values the first program recomputes most: one at a time, then together
-        shared = _recomputed(data, cost, first, contiguous)[:max(1, k // 2)]
-        for group in [[c] for c in shared] + ([shared] if len(shared) > 1 else []):
-            if deadline():
-                break
-            forced = list(cost)
-            for c in group:
-                forced[contiguous[c]] = -1.0
-            add(forced, 4)
+    def forcing(fixed: dict[int, int]) -> list[float]:
+        out = list(cost)
+        for c, n in fixed.items():
+            for m in by_class[c]:
+                if m != n:
+                    out[m] = math.inf
+        return out
+
+    totals: dict[int, float] = {}
+    first = add(cost, 4, totals)
+    if first is None:
+        return []
+    fixed: dict[int, int] = {}
+    best = dag_cost(data, cost, first)
+    for c, n in _alternatives(data, cost, first, totals, factor)[:3 * max(k, 2) if tries is None else tries]:
+        if deadline():
+            break
+        choice = add(forcing({**fixed, c: n}), 4)
+        if choice is not None and dag_cost(data, cost, choice) < best - 1e-9:
+            fixed[c], best = n, dag_cost(data, cost, choice)
+    # materialise the values the first program recomputes most: one at a time, then together
+    shared = _recomputed(data, cost, first, contiguous)[:max(1, k // 2)] if k > 1 else []
+    for group in [[c] for c in shared] + ([shared] if len(shared) > 1 else []):
+        if deadline():
+            break
+        forced = forcing(fixed)
+        for c in group:
+            forced[contiguous[c]] = -1.0
+        add(forced, 4)
     for _ in range(4 * k):
         if len(found) >= k or deadline():
             break
-        add([c * math.exp(rng.gauss(0.0, spread)) for c in cost], 2)
+        add([c * math.exp(rng.gauss(0.0, spread)) for c in forcing(fixed)], 2)
     return [choice for _, choice in sorted(found.values(), key=lambda t: t[0])][:k]
+
+
+def describe(data: EGraphData, first: dict[int, int], choice: dict[int, int], limit: int = 4) -> str:
+    """What choice does differently from first, in a few words: the ops it has more or fewer of,
+    then each class both compute with different nodes (the topmost differences), e.g.
+    "+1 Exp2; -1 Matmul; Matmul order f32[4096,16]; materialised Exp2 f32[256,256]"."""
+    def what(c: int, nodes: dict[int, int]) -> str:
+        shape, dtype = data.info[c]
+        n = nodes[c]
+        if data.nodes[n][0] == "Contiguous":
+            n = nodes[data.children[n][0]]
+        return f"{data.nodes[n][0]} {dtype.short}[{','.join(str(d) for d in shape)}]"
+
+    def boundary(c: int, nodes: dict[int, int]) -> bool:
+        return data.nodes[nodes[c]][0] == "Contiguous"
+
+    ops = Counter(data.nodes[n][0] for n in choice.values())
+    ops.subtract(data.nodes[n][0] for n in first.values())
+    parts = [f"{d:+d} {ctor}" for ctor, d in sorted(ops.items()) if d and ctor not in QUIET]
+    places = set()
+    for c, n in choice.items():
+        m = first.get(c)
+        if m is None or _key(data, m) == _key(data, n):
+            continue
+        old, new = data.nodes[m][0], data.nodes[n][0]
+        moved = [k for k in data.children[n] if k not in data.children[m] and boundary(k, choice)]
+        kept = [k for k in data.children[m] if k not in data.children[n] and boundary(k, first)]
+        if new == "Contiguous" or old == "Contiguous" or moved or kept:
+            places.update(f"materialised {what(k, choice)}" for k in ([c] if new == "Contiguous" else moved))
+            places.update(f"fused {what(k, first)}" for k in ([c] if old == "Contiguous" else kept))
+        elif {old, new} == {"Leaf", "View"}:
+            places.add(f"weight layout {what(c, choice)}")
+        elif old == new:
+            places.add(f"{'Matmul order' if new == 'Matmul' else 'operands of'} {what(c, choice)}")
+        elif old in QUIET or new in QUIET:
+            places.add(f"{old} -> {new} {what(c, choice).split(' ', 1)[1]}")
+    items = parts[:limit] + sorted(places)[:limit]
+    more = len(parts) + len(places) - len(items)
+    return "; ".join(items) + (f" and {more} more" if more > 0 else "") if items else "same program"
+
+
+def differences(data: EGraphData, choices: list[dict[int, int]]) -> list[str]:
+    """For each candidate, what it differs in from the first ("first" for the first)."""
+    return ["first"] + [describe(data, choices[0], ch) for ch in choices[1:]]
