@@ -224,3 +224,33 @@ def test_every_candidate_is_folded():
     for cand in candidates:
         names = {n.arg for n in cand.nodes() if n.op == "weight"}
         assert "w" not in names and "scale" not in names and "mul(scale,w)" in names
+
+
+def test_a_weight_read_at_a_symbolic_position_is_left_to_run_time():
+    from eclat.ir.symbolic import Var
+    from eclat.ir.view import View
+
+    s = Var("s", 1, 8)
+    arrays, w = _weights(np.random.default_rng(0), table=(8, 4))
+    x = g.input_("x", (s, 4))
+    last = g.view(w["table"], View.make((1, 4), (4, 1), (s - 1) * 4))  # the row at the input's length
+    squared = g.binary("mul", last, last)
+    graph = Graph([x], [g.binary("add", x, g.movement(squared, lambda v: v.expand((s, 4))))], arrays)
+    assert fold_weights(graph) is graph
+    x5 = np.ones((5, 4), np.float32)
+    np.testing.assert_array_equal(run(graph, [x5])[0], np.broadcast_to(1 + arrays["table"][4] ** 2, (5, 4)))
+
+
+def test_a_comparison_sees_its_operands_as_the_program_holds_them():
+    """1 + 2**-30 is 1 in float32: a fold computing the sum in float64 must round it before
+    comparing, or the mask flips."""
+    arrays = {"one": np.ones(4, np.float32), "tiny": np.full(4, 2.0 ** -30, np.float32)}
+    one, tiny = (g.weight(k, a, F32) for k, a in arrays.items())
+    x = g.input_("x", (4,))
+    above = g.binary("lt", g.expand_to(g.const(1.0), (4,)), g.binary("add", one, tiny))
+    graph = Graph([x], [g.where(above, x, g.expand_to(g.const(0.0), (4,)))], arrays)
+    folded = fold_weights(graph)
+    assert folded is not graph and "one" not in folded.weights
+    ones = np.ones(4, np.float32)
+    np.testing.assert_array_equal(run(folded, [ones])[0], run(graph, [ones])[0])
+    np.testing.assert_array_equal(run(folded, [ones])[0], np.zeros(4, np.float32))

@@ -32,6 +32,8 @@ from ..ir import graph as g
 from ..ir.dtypes import DType, round_bfloat16
 from ..ir.graph import Graph, Node, numel
 from ..ir.interpreter import evaluate_node
+from ..ir.symbolic import as_int
+from ..ir.view import View
 
 SLACK_BYTES = 4096  # a fold may exceed the weights it reads by this (a small table made from iota)
 EVAL_LIMIT = 1 << 24  # elements of one value the interpreter may build here
@@ -74,7 +76,7 @@ def _weight_only(graph: Graph, nodes: list[Node]) -> dict[int, dict[str, int]]:
     sources: dict[int, dict[str, int]] = {}
     for n in nodes:
         size = numel(n.shape)
-        if n.op == "input" or size is None or size > EVAL_LIMIT:
+        if n.op == "input" or size is None or size > EVAL_LIMIT or not _concrete(n.arg):
             continue
         if n.op == "weight":
             sources[id(n)] = {n.arg: graph.weights[n.arg].size * n.dtype.itemsize}
@@ -83,6 +85,15 @@ def _weight_only(graph: Graph, nodes: list[Node]) -> dict[int, dict[str, int]]:
         elif all(id(s) in sources for s in n.srcs):
             sources[id(n)] = {k: v for s in n.srcs for k, v in sources[id(s)].items()}
     return sources
+
+
+def _concrete(arg: object) -> bool:
+    """Whether the views in a node's argument have known sizes, strides and offsets (a table
+    sliced at a symbolic position is read at run time)."""
+    if isinstance(arg, View):
+        bounds = [b for pair in arg.mask or () for b in pair]
+        return all(as_int(x) is not None for x in (*arg.shape, *arg.strides, arg.offset, *bounds))
+    return all(_concrete(a) for a in arg) if isinstance(arg, tuple) else True
 
 
 def _chosen(graph: Graph, nodes: list[Node], sources: dict[int, dict[str, int]],
@@ -122,19 +133,26 @@ def _value(n: Node, graph: Graph, values: dict[int, np.ndarray]) -> np.ndarray:
 
 
 def _wide(n: Node, srcs: list[np.ndarray], graph: Graph) -> np.ndarray:
-    """One node's value; a float one in float64. Leaves and casts keep their own rounding."""
+    """One node's value; a float one in float64. Leaves keep their own rounding; a cast, or an op
+    with a discrete result (a comparison), reads its operands rounded to their dtypes, as the
+    program holds them."""
     exact = n.kind == "leaf" or n.op == "cast" or not n.dtype.is_float
+    if exact:
+        srcs = [_rounded(s, v) for s, v in zip(n.srcs, srcs)]
     node = n if exact else SimpleNamespace(op=n.op, srcs=n.srcs, arg=n.arg, shape=n.shape, dtype=_WIDE)
     with np.errstate(all="ignore"):  # inf and nan are values like any other
         out = np.asarray(evaluate_node(node, srcs, graph, {}))
     return out.astype(np.float64) if n.dtype.is_float else out
 
 
+def _rounded(n: Node, value: np.ndarray) -> np.ndarray:
+    value = np.ascontiguousarray(value.astype(n.dtype.np))
+    return round_bfloat16(value) if n.dtype is DType.bfloat16 else value
+
+
 def _stored(n: Node, value: np.ndarray) -> np.ndarray:
     """value rounded to n's dtype, taken once along every axis it repeats on (bit for bit)."""
-    value = np.ascontiguousarray(value.astype(n.dtype.np))
-    if n.dtype is DType.bfloat16:
-        value = round_bfloat16(value)
+    value = _rounded(n, value)
     bits = np.dtype(f"u{value.itemsize}")
     for axis in range(value.ndim):
         first = np.take(value, [0], axis=axis)
