@@ -9,6 +9,7 @@ sharing survive extraction. `decode` builds a Graph back from a chosen e-node pe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ class Encoding:
     term_ids: dict[Term, int] = field(default_factory=dict)
     roots: list[int] = field(default_factory=list)
     new_weights: dict[str, tuple[str, View]] = field(default_factory=dict)  # name -> (source, view)
+    joined: dict[str, Any] = field(default_factory=dict)  # name -> merge.Joined (weights joined)
     oracles: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
     made: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -130,10 +132,60 @@ class Encoding:
 
 # --- back to the IR ----------------------------------------------------------------------------
 
+def compose(inner: View, outer: View) -> View | None:
+    """One view of inner's source reading what outer reads of inner's elements (in row-major
+    order), or None where that needs a copy: outer runs across axes inner does not store
+    contiguously, inner is masked, or a size is symbolic. Inner's axes stored contiguously are
+    merged; each of outer's axes must then step along one of them, never past its end, so the
+    row-major index has no carries and maps axis by axis."""
+    ints = lambda xs: [as_int(x) for x in xs]
+    shape, strides = ints(inner.shape), ints(inner.strides)
+    oshape, ostrides = ints(outer.shape), ints(outer.strides)
+    box = [ints(b) for b in outer.mask] if outer.mask is not None else [[0, n] for n in oshape]
+    flat = [*shape, *strides, *oshape, *ostrides, *(b for lo_hi in box for b in lo_hi)]
+    if inner.mask is not None or None in (*flat, as_int(inner.offset), as_int(outer.offset)):
+        return None
+    if any(hi <= lo for lo, hi in box):  # reads nothing but zeros
+        return View.make(oshape, [0] * len(oshape), 0, outer.mask)
+    axes: list[list[int]] = []  # [size, stride] of inner's axes, merged where stored contiguously
+    for n, s in zip(shape, strides):
+        if n != 1:
+            if axes and axes[-1][1] == s * n:
+                axes[-1] = [axes[-1][0] * n, s]
+            else:
+                axes.append([n, s])
+    row = [math.prod(n for n, _ in axes[j + 1:]) for j in range(len(axes))]  # row-major strides
+    base = as_int(outer.offset) + sum(lo * s for (lo, _), s in zip(box, ostrides))
+    if not 0 <= base < math.prod(n for n, _ in axes):
+        return None
+    digit = [base // row[j] % axes[j][0] for j in range(len(axes))]
+    low, high = list(digit), list(digit)
+    new = [0] * len(oshape)
+    for k, ((lo, hi), s) in enumerate(zip(box, ostrides)):
+        if hi - lo == 1 or s == 0:
+            continue
+        j = next((j for j, r in enumerate(row) if r <= abs(s) and s % r == 0), None)
+        if j is None:
+            return None
+        step = s // row[j]
+        low[j] += min(0, (hi - lo - 1) * step)
+        high[j] += max(0, (hi - lo - 1) * step)
+        new[k] = step * axes[j][1]
+    if any(lo < 0 or hi >= n for lo, hi, (n, _) in zip(low, high, axes)):
+        return None
+    offset = (as_int(inner.offset) + sum(d * s for d, (_, s) in zip(digit, axes))
+              - sum(lo * s for (lo, _), s in zip(box, new)))
+    return View.make(oshape, new, offset, outer.mask)
+
+
 def make_view(x: Node, v: View) -> Node:
     """x read through v (v indexes x's elements in row-major order)."""
     if x.op == "view":
-        x = g.contiguous(x)  # two views of arbitrary strides do not compose in general
+        composed = compose(x.arg, v)
+        if composed is None:
+            x = g.contiguous(x)  # two views of arbitrary strides do not compose in general
+        else:
+            x, v = x.srcs[0], composed
     if v.is_contiguous and tuple(v.shape) == tuple(x.shape):
         return x
     return g.view(x, v)
@@ -198,5 +250,9 @@ def decode(enc: Encoding, choice: Callable[[int], tuple], roots: list[int]) -> G
             if n.arg not in enc.made:  # laid out once, when a candidate first uses it
                 src, v = enc.new_weights[n.arg]
                 enc.made[n.arg] = laid_out(enc.graph.weights[src], v)
+            weights[n.arg] = enc.made[n.arg]
+        elif n.op == "weight" and n.arg in enc.joined:
+            if n.arg not in enc.made:
+                enc.made[n.arg] = enc.joined[n.arg].array(enc.graph.weights)
             weights[n.arg] = enc.made[n.arg]
     return Graph(enc.graph.inputs, outputs, weights, enc.graph.out_spec)
