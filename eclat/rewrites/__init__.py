@@ -8,8 +8,10 @@ cheapest by `extract.dag_cost` (a fused value is paid once per kernel evaluating
 Candidates differ in algebraic form, recognised composites (`eclat.rewrites.composites`:
 matmul, fma, rsqrt, softmax, rmsnorm, layernorm, attention; one-hot products become the
 primitive gather), weight layout and where `contiguous` materialises a value (a kernel
-boundary); never only in the order of commutative operands. stats: enodes, eclasses, iterations, seconds,
-rules ({rule set: {rule: matches}}), extracted, stopped (why saturation ended), costs, and
+boundary) and which products sharing an input are merged into one (`eclat.rewrites.merge`); never
+only in the order of commutative operands. stats: enodes, eclasses, iterations, seconds,
+rules ({rule set: {rule: matches}}), merged (products merged into one in the first candidate,
+counted per group), extracted, stopped (why saturation ended), costs, and
 for graphs with repeated blocks: segments, blocks (e-graphs actually built).
 """
 
@@ -19,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node
-from . import blocks
+from . import blocks, merge, registry
 from .encode import Encoding, decode
 from .extract import candidates, costs, dag_cost, read_egraph
 from .registry import EXPLOSIVE, FUSION, STAGES, backend_rules
@@ -60,6 +62,7 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
             opt, enc, rep_weights = parts[r]
             cand = _pick(opt.candidates, c)
             cut = value.get(id(seg.cut_in))
+            m = merge.rebound(cand, m, enc.joined, rep_weights, weights, made)
             outs = blocks.rebind(cand, m, cut, enc.new_weights, rep_weights, weights, made)
             value.update((id(o), v) for o, v in zip(seg.outputs, outs))
         graphs.append(Graph(graph.inputs, [value[id(o)] for o in graph.outputs], weights, graph.out_spec))
@@ -69,6 +72,7 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
         "iterations": max(o.stats["iterations"] for o, _, _ in parts),
         "seconds": round(time.perf_counter() - start, 3),
         "rules": _merge([o.stats["rules"] for o, _, _ in parts]),
+        "merged": sum(o.stats["merged"] * len(reps[r][1]) for r, (o, _, _) in enumerate(parts)),
         "extracted": len(graphs),
         "stopped": ", ".join(sorted({o.stats["stopped"] for o, _, _ in parts})),
         "segments": len(segments),
@@ -97,17 +101,22 @@ def _optimize_one(graph: Graph, target: str, k: int, time_limit: float,
                   node_limit: int) -> tuple[Optimized, Encoding]:
     start = time.perf_counter()
     main = [*STAGES, *backend_rules(target)]
+    merges = list(registry.MERGE)
     enc = Encoding.of(graph)
-    sat = Saturation.start([*main, *EXPLOSIVE, *FUSION], time_limit * 0.6, node_limit)
+    sat = Saturation.start([*main, *EXPLOSIVE, *merges, *FUSION], time_limit * 0.6, node_limit)
     enc.insert(sat.egraph)
     sat.run(main)
     sat.run(list(EXPLOSIVE), max_chunks=2)
     sat.run(main)
+    if merges:  # every group merges in one step (the next ones find it done); then recognise the merged
+        sat.run(merges, max_chunks=3)
+        sat.run(main)
     sat.run(list(FUSION), max_chunks=3)
     data = read_egraph(sat.egraph, enc.attrs)
     cost = costs(data, enc.attrs)
     deadline = start + time_limit
     choices = candidates(data, cost, k, deadline=lambda: time.perf_counter() > deadline)
+    choices, merged = merge.prefer(data, cost, merge.slices(enc) if merges else {}, choices, k)
     graphs = [decode(enc, lambda c, ch=ch: data.nodes[ch[c]], data.roots) for ch in choices]
     stats = {
         "enodes": len(data.nodes),
@@ -115,6 +124,7 @@ def _optimize_one(graph: Graph, target: str, k: int, time_limit: float,
         "iterations": sat.iterations,
         "seconds": round(time.perf_counter() - start, 3),
         "rules": sat.matches,
+        "merged": merged,
         "extracted": len(graphs),
         "stopped": sat.stopped,
         "costs": [round(dag_cost(data, cost, ch), 1) for ch in choices],

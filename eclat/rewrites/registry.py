@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from . import algebra, fusion, layout, onehot, recognition
+from . import algebra, contraction, fusion, layout, merge, onehot, recognition
 from .lang import RuleSet
 
 # stages run in order, each to saturation or to the limits; targets join after the first
 STAGES: tuple[RuleSet, ...] = (algebra.RULES, recognition.RULES, layout.RULES)
-EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE,)
+EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE, contraction.RULES)
 FUSION: tuple[RuleSet, ...] = (fusion.RULES,)
+# multi-patterns, run once after recognition (as Tensat does: they grow the e-graph by pairs);
+# () turns horizontal merges off
+MERGE: tuple[RuleSet, ...] = (merge.RULES,)
 
-# recognition before layout: layout lays out the operand views the matmul plans create
+# recognition before layout: layout lays out the operand views the matmul plans create; merge
+# after the matmul plans (it adds its own) and before the fillers that cover every view;
 # shapes last: they cover the views and leaves the others create
-ORACLE_FILLERS = (recognition.fill_matmul, recognition.fill_broadcasts, onehot.fill_gather,
-                  layout.fill_layout, algebra.fill_shapes)
+ORACLE_FILLERS = (recognition.fill_matmul, merge.fill_merge, contraction.fill_contraction,
+                  recognition.fill_broadcasts, onehot.fill_gather, layout.fill_layout, algebra.fill_shapes)
 
 
 def backend_rules(target: str) -> tuple[RuleSet, ...]:
@@ -30,10 +34,10 @@ def all_rulesets() -> list[RuleSet]:
     """Every rule set that exists, every registered target's included (each once)."""
     from ..backends import target_names
 
-    out = [*STAGES, *EXPLOSIVE, *FUSION]
+    out = [*STAGES, *EXPLOSIVE, *FUSION, merge.RULES]
     for name in target_names():
         out += [s for s in backend_rules(name) if s not in out]
     return out
 
 
-__all__ = ["STAGES", "EXPLOSIVE", "FUSION", "ORACLE_FILLERS", "all_rulesets", "backend_rules"]
+__all__ = ["STAGES", "EXPLOSIVE", "FUSION", "MERGE", "ORACLE_FILLERS", "all_rulesets", "backend_rules"]
