@@ -17,6 +17,7 @@ from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
 from eclat.ir.graph import Graph, Node
 from eclat.ir.interpreter import read_view, run
+from eclat.ir.symbolic import Var
 from eclat.ir.view import View
 from eclat.rewrites import composites, merge, optimize, registry
 from eclat.rewrites.check import check_rule
@@ -109,6 +110,16 @@ def test_no_merge_of_other_contractions():
 def test_no_merge_with_a_weight_that_is_an_input():
     x, w2, weights = g.input_("x", (3, 8)), g.input_("w2", (5, 8)), {}
     _no_merge(Graph([x, w2], [linear(x, "w1", 5, weights), product(x, w2)], weights))
+
+
+def test_no_merge_with_a_symbolic_size():
+    """Readers' views of the slices would not compose (copies the cost does not see)."""
+    x, weights = g.input_("x", (Var("s", 1, 16), 8)), {}
+    graph = Graph([x], [linear(x, "w1", 5, weights), linear(x, "w2", 6, weights)], weights)
+    assert not [o for o in Encoding.of(graph).oracles if o[0] == "cat"]
+    sized = Graph([g.input_("x", (4, 8))], [], weights)
+    sized.outputs = [linear(sized.inputs[0], n, 5, weights) for n in ("w1", "w2")]
+    assert [o for o in Encoding.of(sized).oracles if o[0] == "cat"]  # the same with a size merges
 
 
 # --- views of slices ------------------------------------------------------------------------------

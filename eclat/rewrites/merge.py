@@ -85,7 +85,8 @@ def _product(enc, xs: int, ws: int, r: int) -> tuple[tuple, _Member] | None:
     if w.op != "weight" or w.arg not in enc.graph.weights or va.mask is not None or vb.mask is not None:
         return None
     strides = [as_int(s) for s in vb.strides]
-    if None in (*strides, as_int(vb.offset), *(as_int(d) for d in vb.shape)) or strides[r] == 0:
+    # symbolic sizes: decode could not compose the slices with their readers' views (copies)
+    if None in (*strides, as_int(vb.offset), *(as_int(d) for d in va.shape)) or strides[r] == 0:
         return None
     ns = [k for k in range(va.ndim) if k != r and as_int(va.strides[k]) == 0
           and as_int(va.shape[k]) != 1 and strides[k] != 0]
