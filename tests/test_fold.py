@@ -254,3 +254,21 @@ def test_a_comparison_sees_its_operands_as_the_program_holds_them():
     ones = np.ones(4, np.float32)
     np.testing.assert_array_equal(run(folded, [ones])[0], run(graph, [ones])[0])
     np.testing.assert_array_equal(run(folded, [ones])[0], np.zeros(4, np.float32))
+
+
+def test_a_folded_broadcast_read_through_a_symbolic_view():
+    """b1 + b2 computed at [3, 4] repeats along rows (stored once, read through a view), but a
+    view over it that only the run time sizes needs it whole: two views do not compose."""
+    from eclat.ir.symbolic import Var
+
+    s = Var("s", 1, 8)
+    arrays, w = _weights(np.random.default_rng(0), b1=(4,), b2=(4,))
+    x = g.input_("x", (s, 3, 4))
+    total = g.binary("add", g.expand_to(w["b1"], (3, 4)), g.expand_to(w["b2"], (3, 4)))
+    spread = g.movement(total, lambda v: v.reshape((1, 3, 4)).expand((s, 3, 4)))
+    graph = Graph([x], [g.binary("add", x, spread), g.binary("mul", total, total)], arrays)
+    folded = fold_weights(graph)
+    assert {k: a.shape for k, a in folded.weights.items()} == {"add(b1,b2)": (3, 4), "mul(b1,b2)": (4,)}
+    xs = np.random.default_rng(1).standard_normal((5, 3, 4)).astype(np.float32)
+    for got, want in zip(run(folded, [xs]), run(graph, [xs])):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -15,7 +15,8 @@ its operands are tried in turn:
     rank-8 product A @ B alone is d*d from 2*d*8 and stays two thin GEMMs; W + A @ B folds.
 
 Values are computed by the reference interpreter with floating-point operations in float64
-(explicit casts still round), then rounded once to the value's dtype. Identical results are
+(casts and comparisons read their operands rounded, as the program holds them), then rounded
+once to the value's dtype. Identical results are
 stored once; a folded weight is named after what it computes from which weights, e.g.
 "mul(scale,w)".
 """
@@ -51,22 +52,29 @@ def fold_weights(graph: Graph) -> Graph:
     chosen = _chosen(graph, nodes, sources, values)
     if not chosen:
         return graph
+    # a folded value that a view reads at run time (symbolic, or too large to compute here) is
+    # stored whole: two views do not compose
+    whole = {id(n.srcs[0]) for n in nodes
+             if n.op == "view" and id(n) not in sources and id(n.srcs[0]) in chosen}
+    for n in nodes:
+        if id(n) in whole:
+            chosen[id(n)] = _rounded(n, values[id(n)])
     weights: dict[str, np.ndarray] = {}
     made: dict[tuple, Node] = {}  # identical results share one weight
     new: dict[int, Node] = {}
     for n in nodes:
         srcs = [new[id(s)] for s in n.srcs]
-        if id(n) not in chosen and n.op == "view" and srcs[0].op == "view":
-            chosen[id(n)] = _stored(n, _value(n, graph, values))  # a view of a folded broadcast
+        if id(n) not in chosen and n.op == "view" and srcs[0].op == "view":  # of a folded broadcast:
+            chosen[id(n)] = _stored(n, _value(n, graph, values))  # folded with it
         if id(n) in chosen:
-            new[id(n)] = _leaf(n, chosen[id(n)], sources[id(n)], graph.weights, weights, made)
+            new[id(n)] = _leaf(n, chosen[id(n)], sources[id(n)], graph.weights, weights, made, id(n) in whole)
         elif all(a is b for a, b in zip(srcs, n.srcs)):
             new[id(n)] = n
         else:
             new[id(n)] = Node(n.op, srcs, n.arg, n.shape, n.dtype)
-    out = dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs], weights=weights)
-    out.weights.update((n.arg, graph.weights[n.arg]) for n in out.nodes()  # the weights still read
-                       if n.op == "weight" and n.arg not in weights)
+    out = dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs])
+    arrays = graph.weights | weights  # no name in both (_leaf)
+    out.weights = {n.arg: arrays[n.arg] for n in out.nodes() if n.op == "weight"}  # those still read
     return out
 
 
@@ -155,19 +163,21 @@ def _stored(n: Node, value: np.ndarray) -> np.ndarray:
     value = _rounded(n, value)
     bits = np.dtype(f"u{value.itemsize}")
     for axis in range(value.ndim):
-        first = np.take(value, [0], axis=axis)
-        same = np.broadcast_to(first.view(bits), value.shape)
-        if value.shape[axis] > 1 and np.array_equal(value.view(bits), same):
-            value = first
+        if value.shape[axis] > 1:
+            first = np.take(value, [0], axis=axis)
+            if np.array_equal(value.view(bits), np.broadcast_to(first.view(bits), value.shape)):
+                value = first
     return value
 
 
 def _leaf(n: Node, stored: np.ndarray, sources: dict[str, int], taken: dict[str, np.ndarray],
-          weights: dict[str, np.ndarray], made: dict[tuple, Node]) -> Node:
-    """The folded value: a constant if one number, else a weight, read through a broadcast view."""
-    if stored.size == 1:
+          weights: dict[str, np.ndarray], made: dict[tuple, Node], whole: bool = False) -> Node:
+    """The folded value: a constant if one number (unless whole: a leaf of n's shape, which a view
+    may read), else a weight, read through a broadcast view where stored repeats."""
+    if stored.size == 1 and not whole:
         return g.expand_to(g.const(stored.item(), n.dtype), n.shape)
-    squeezed = stored.reshape([d for d in stored.shape if d != 1])
+    whole = whole or stored.shape == tuple(n.shape)
+    squeezed = stored if whole else stored.reshape([d for d in stored.shape if d != 1])
     key = (n.dtype, squeezed.shape, hashlib.sha1(squeezed.tobytes()).hexdigest())
     if key not in made:
         names = sorted(sources) or ["iota"]  # sorted: a commuted candidate's fold gets the same name
