@@ -58,7 +58,7 @@ def fold_weights(graph: Graph) -> Graph:
              if n.op == "view" and id(n) not in sources and id(n.srcs[0]) in chosen}
     for n in nodes:
         if id(n) in whole:
-            chosen[id(n)] = _rounded(n, values[id(n)])
+            chosen[id(n)] = _rounded(n, _value(n, graph, values))
     weights: dict[str, np.ndarray] = {}
     made: dict[tuple, Node] = {}  # identical results share one weight
     new: dict[int, Node] = {}
@@ -118,6 +118,7 @@ def _chosen(graph: Graph, nodes: list[Node], sources: dict[int, dict[str, int]],
             continue
         seen.add(id(n))
         stored = _stored(n, _value(n, graph, values))
+        values.clear()  # float64 copies of weights: held for one value at a time
         if stored.size * n.dtype.itemsize <= sum(sources[id(n)].values()) + SLACK_BYTES:
             chosen[id(n)] = stored
         else:
