@@ -66,6 +66,22 @@ def test_merged_program_equals_interpreter(m: int, sizes: tuple[int, ...]):
     assert reductions(program) == 1
 
 
+class Branches(nn.Module):
+    """Inception-style: two convolutions of one input with one kernel size."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 5, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x), torch.relu(self.b(x))
+
+
+def test_convolutions_of_one_input_merge():
+    torch.manual_seed(0)
+    program, taken, worst = merge.check(lower(Branches().eval(), (torch.randn(1, 3, 6, 6),)))
+    assert taken == 1 and worst < 1e-4 and reductions(program) == 1  # sums of 27 in another order
+
+
 def test_every_rule_checked_on_its_example():
     assert merge.RULES in registry.all_rulesets()  # so tests/test_rewrites.py checks it too
     for rule in merge.RULES.rules:

@@ -221,16 +221,29 @@ RULES = RuleSet("merge", (_rule(True, True), _rule(True, False), _rule(False, Fa
 
 # --- extraction ----------------------------------------------------------------------------------
 
-def slices(enc) -> dict[int, set[int]]:
-    """The slice views of each group, by joined weight."""
-    out: dict[int, set[int]] = {}
+def slices(enc) -> dict[int, tuple[int, set[int]]]:
+    """Each group by joined weight: (the view J is read through, the members' slice views)."""
+    out: dict[int, tuple[int, set[int]]] = {}
+    for name, keys, value in enc.oracles:
+        if name == "catw":
+            out.setdefault(keys[0], (value, set()))
     for name, keys, value in enc.oracles:
         if name == "part":
-            out.setdefault(keys[2], set()).add(value)
+            out[keys[2]][1].add(value)
     return out
 
 
-def prefer(data: EGraphData, cost: list[float], groups: dict[int, set[int]],
+def _merged(data: EGraphData, leaf: int, vb: int) -> set[int]:
+    """The classes of the merged product Sum(Mul(View x vaJ, View (Leaf J) vbJ), r)."""
+    def users(ctor: str, kids: set[int], attr: int | None = None) -> set[int]:
+        return {c for node, c, ch in zip(data.nodes, data.node_class, data.children)
+                if node[0] == ctor and kids & set(ch) and (attr is None or node[-1] == attr)}
+
+    leaves = {c for node, c in zip(data.nodes, data.node_class) if node == ("Leaf", leaf)}
+    return users("Sum", users("Mul", users("View", leaves, vb)))
+
+
+def prefer(data: EGraphData, cost: list[float], groups: dict[int, tuple[int, set[int]]],
            choices: list[dict[int, int]], k: int) -> tuple[list[dict[int, int]], int]:
     """choices with, first, the extraction that takes every merge group lowering the program's
     cost, and how many groups it takes. Groups are tried one after another, each by leaving its
@@ -244,10 +257,11 @@ def prefer(data: EGraphData, cost: list[float], groups: dict[int, set[int]],
         by_class.setdefault(c, []).append(n)
     best, best_cost, taken = choices[0], dag_cost(data, cost, choices[0]), 0
     members: dict[int, set[int]] = {}  # class -> its slices, of the groups taken
-    for views in groups.values():
+    for leaf, (vb, views) in groups.items():
+        merged = _merged(data, leaf, vb)
         sliced: dict[int, set[int]] = {}
-        for n, node in enumerate(data.nodes):
-            if node[0] == "View" and node[2] in views and cost[n] < math.inf:
+        for n, (node, kids) in enumerate(zip(data.nodes, data.children)):
+            if node[0] == "View" and node[2] in views and kids[0] in merged and cost[n] < math.inf:
                 sliced.setdefault(data.node_class[n], set()).add(n)
         # the best program with these members sliced, or only the members fixed
         for keep in ({c: {n} for c, n in best.items()}, members):
