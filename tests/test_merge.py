@@ -20,7 +20,7 @@ from eclat.ir.interpreter import read_view, run
 from eclat.ir.symbolic import Var
 from eclat.ir.view import View
 from eclat.rewrites import composites, merge, optimize, registry
-from eclat.rewrites.check import check_rule
+from eclat.rewrites.check import check_merges, check_rule
 from eclat.rewrites.encode import Encoding, compose
 from tests.zoo import make_llama
 
@@ -59,7 +59,7 @@ def reductions(graph: Graph) -> int:
 @pytest.mark.parametrize("m", [1, 3])  # one token (a product with no M axis) and a matmul
 @pytest.mark.parametrize("sizes", [(5, 6), (8, 4, 4), (6, 6, 6)])  # pairs, QKV with GQA widths
 def test_merged_program_equals_interpreter(m: int, sizes: tuple[int, ...]):
-    program, taken, worst = merge.check(projections(m, sizes))
+    program, taken, worst = check_merges(projections(m, sizes))
     assert taken == 1 and worst < 1e-5
     (w,) = joined(program)  # every product of the group in one, however many members
     assert math.prod(w.shape) == 8 * sum(sizes)
@@ -78,7 +78,7 @@ class Branches(nn.Module):
 
 def test_convolutions_of_one_input_merge():
     torch.manual_seed(0)
-    program, taken, worst = merge.check(lower(Branches().eval(), (torch.randn(1, 3, 6, 6),)))
+    program, taken, worst = check_merges(lower(Branches().eval(), (torch.randn(1, 3, 6, 6),)))
     assert taken == 1 and worst < 1e-4 and reductions(program) == 1  # sums of 27 in another order
 
 
@@ -107,7 +107,7 @@ def test_check_catches_a_wrong_slice():
 def _no_merge(graph: Graph) -> None:
     enc = Encoding.of(graph)
     assert not [o for o in enc.oracles if o[0] == "cat"]
-    program, taken, worst = merge.check(graph)
+    program, taken, worst = check_merges(graph)
     assert taken == 0 and not joined(program) and worst < 1e-5
 
 

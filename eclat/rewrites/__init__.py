@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..ir.graph import Graph, Node
 from . import blocks, merge, registry
 from .encode import Encoding, decode
-from .extract import candidates, costs, dag_cost, read_egraph
+from .extract import candidates, costs, dag_cost, prefer, read_egraph
 from .registry import EXPLOSIVE, FUSION, STAGES, backend_rules
 from .schedule import Saturation
 
@@ -116,7 +116,7 @@ def _optimize_one(graph: Graph, target: str, k: int, time_limit: float,
     cost = costs(data, enc.attrs)
     deadline = start + time_limit
     choices = candidates(data, cost, k, deadline=lambda: time.perf_counter() > deadline)
-    choices, merged = merge.prefer(data, cost, merge.slices(enc) if merges else {}, choices, k)
+    choices, merged = prefer(data, cost, merge.slices(enc) if merges else {}, choices, k)
     graphs = [decode(enc, lambda c, ch=ch: data.nodes[ch[c]], data.roots) for ch in choices]
     stats = {
         "enodes": len(data.nodes),

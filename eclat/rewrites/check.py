@@ -12,8 +12,9 @@ from ..ir import graph as g
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
 from ..ir.interpreter import run
+from . import layout, merge, recognition
 from .encode import Encoding, build, decode, fill
-from .extract import costs, extract, reachable, read_egraph
+from .extract import costs, extract, prefer, reachable, read_egraph
 from .lang import CTORS, Rule, RuleSet, parse
 from .schedule import Saturation
 
@@ -106,3 +107,28 @@ def check_rule(rule: Rule, explosive: bool = False) -> RuleCheck:
         diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
         worst = max(worst, float(np.max(diff / (np.abs(ref) + 1e-3), initial=0.0)))
     return RuleCheck(rule.name, sum(sat.matches.get("check", {}).values()), len(seen), rewritten, worst)
+
+
+def check_merges(graph: Graph, seed: int = 0) -> tuple[Graph, int, float]:
+    """Soundness of the merges on graph (any number of outputs): saturate with recognition,
+    layout and the merge rules, extract the merged program as optimize does and compare it with
+    the interpreter on random inputs. (the program, groups merged, largest relative error)"""
+    enc = Encoding.of(graph)
+    sat = Saturation.start([recognition.RULES, layout.RULES, merge.RULES], time_limit=10.0, node_limit=20000)
+    enc.insert(sat.egraph)
+    plain = [recognition.RULES, layout.RULES]
+    for rulesets, chunks in ((plain, 50), ([merge.RULES], 1), (plain, 50)):
+        sat.run(rulesets, max_chunks=chunks)
+    data = read_egraph(sat.egraph, enc.attrs)
+    cost = costs(data, enc.attrs)
+    base = reachable(data, extract(data, cost))
+    assert base is not None, "the e-graph has no acyclic program"
+    (choice, *_), taken = prefer(data, cost, merge.slices(enc), [base], 1)
+    program = decode(enc, lambda c: data.nodes[choice[c]], data.roots)
+    inputs = random_inputs(graph, seed)
+    worst = 0.0
+    for got, ref in zip(run(program, inputs), run(graph, inputs)):
+        if got.shape != ref.shape:
+            return program, taken, math.inf
+        worst = max(worst, float(np.max(np.abs(got - ref) / (np.abs(ref) + 1e-3), initial=0.0)))
+    return program, taken, worst

@@ -503,3 +503,52 @@ def describe(data: EGraphData, first: dict[int, int], choice: dict[int, int], li
 def differences(data: EGraphData, choices: list[dict[int, int]]) -> list[str]:
     """For each candidate, what it differs in from the first ("first" for the first)."""
     return ["first"] + [describe(data, choices[0], ch) for ch in choices[1:]]
+
+
+# --- groups of classes taken together (horizontal merges) -----------------------------------------
+
+def _merged(data: EGraphData, leaf: int, vb: int) -> set[int]:
+    """The classes of the merged product Sum(Mul(View x vaJ, View (Leaf J) vbJ), r)."""
+    def users(ctor: str, kids: set[int], attr: int | None = None) -> set[int]:
+        return {c for node, c, ch in zip(data.nodes, data.node_class, data.children)
+                if node[0] == ctor and kids & set(ch) and (attr is None or node[-1] == attr)}
+
+    leaves = {c for node, c in zip(data.nodes, data.node_class) if node == ("Leaf", leaf)}
+    return users("Sum", users("Mul", users("View", leaves, vb)))
+
+
+def prefer(data: EGraphData, cost: list[float], groups: dict[int, tuple[int, set[int]]],
+           choices: list[dict[int, int]], k: int) -> tuple[list[dict[int, int]], int]:
+    """choices with, first, the extraction that takes every merge group lowering the program's
+    cost, and how many groups it takes. Groups are tried one after another, each by leaving its
+    members' classes no choice but their slice (a bonus would spread through every class above):
+    in the best program so far, every other class kept as it is, and extracted afresh (where
+    another class computes a member's product some other way)."""
+    if not choices or not groups:
+        return choices, 0
+    by_class: dict[int, list[int]] = {}
+    for n, c in enumerate(data.node_class):
+        by_class.setdefault(c, []).append(n)
+    best, best_cost, taken = choices[0], dag_cost(data, cost, choices[0]), 0
+    members: dict[int, set[int]] = {}  # class -> its slices, of the groups taken
+    for leaf, (vb, views) in groups.items():
+        merged = _merged(data, leaf, vb)
+        sliced: dict[int, set[int]] = {}
+        for n, (node, kids) in enumerate(zip(data.nodes, data.children)):
+            if node[0] == "View" and node[2] in views and kids[0] in merged and cost[n] < math.inf:
+                sliced.setdefault(data.node_class[n], set()).add(n)
+        # the best program with these members sliced, or only the members fixed
+        for keep in ({c: {n} for c, n in best.items()}, members):
+            forced = list(cost)
+            for c, nodes in {**keep, **sliced}.items():
+                for n in by_class[c]:
+                    if n not in nodes:
+                        forced[n] = math.inf
+            choice = reachable(data, extract(data, forced))
+            if choice is not None and dag_cost(data, cost, choice) < best_cost - 1e-9:
+                best, best_cost, taken = choice, dag_cost(data, cost, choice), taken + 1
+                members.update(sliced)
+                break
+    if best is choices[0]:
+        return choices, 0
+    return [best, *(c for c in choices if c != best)][:k], taken

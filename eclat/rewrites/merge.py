@@ -16,8 +16,9 @@ by every view the rule reads (va, vb, r, the weights), so a product that reads x
 never matches.
 
 The greedy extraction decides per e-class, where a slice pays the whole merged product and
-always loses; `prefer` tries each group taken by all its members at once and keeps it where
-the program's cost falls (one launch saved per merged product, x read once).
+always loses; `extract.prefer` tries each group (`slices`) taken by all its members at once and
+keeps it where the program's cost falls (one launch saved per merged product, x read once).
+`check.check_merges` is their soundness check.
 """
 
 from __future__ import annotations
@@ -32,15 +33,11 @@ import numpy as np
 from ..ir import graph as g
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
-from ..ir.interpreter import read_view, run
+from ..ir.interpreter import read_view
 from ..ir.symbolic import as_int
 from ..ir.view import View, contiguous_strides
 from . import layout, recognition
-from .check import random_inputs
-from .encode import Encoding, decode
-from .extract import EGraphData, costs, dag_cost, extract, reachable, read_egraph
 from .lang import RuleSet
-from .schedule import Saturation
 
 
 @dataclass(frozen=True)
@@ -231,78 +228,6 @@ def slices(enc) -> dict[int, tuple[int, set[int]]]:
         if name == "part":
             out[keys[2]][1].add(value)
     return out
-
-
-def _merged(data: EGraphData, leaf: int, vb: int) -> set[int]:
-    """The classes of the merged product Sum(Mul(View x vaJ, View (Leaf J) vbJ), r)."""
-    def users(ctor: str, kids: set[int], attr: int | None = None) -> set[int]:
-        return {c for node, c, ch in zip(data.nodes, data.node_class, data.children)
-                if node[0] == ctor and kids & set(ch) and (attr is None or node[-1] == attr)}
-
-    leaves = {c for node, c in zip(data.nodes, data.node_class) if node == ("Leaf", leaf)}
-    return users("Sum", users("Mul", users("View", leaves, vb)))
-
-
-def prefer(data: EGraphData, cost: list[float], groups: dict[int, tuple[int, set[int]]],
-           choices: list[dict[int, int]], k: int) -> tuple[list[dict[int, int]], int]:
-    """choices with, first, the extraction that takes every merge group lowering the program's
-    cost, and how many groups it takes. Groups are tried one after another, each by leaving its
-    members' classes no choice but their slice (a bonus would spread through every class above):
-    in the best program so far, every other class kept as it is, and extracted afresh (where
-    another class computes a member's product some other way)."""
-    if not choices or not groups:
-        return choices, 0
-    by_class: dict[int, list[int]] = {}
-    for n, c in enumerate(data.node_class):
-        by_class.setdefault(c, []).append(n)
-    best, best_cost, taken = choices[0], dag_cost(data, cost, choices[0]), 0
-    members: dict[int, set[int]] = {}  # class -> its slices, of the groups taken
-    for leaf, (vb, views) in groups.items():
-        merged = _merged(data, leaf, vb)
-        sliced: dict[int, set[int]] = {}
-        for n, (node, kids) in enumerate(zip(data.nodes, data.children)):
-            if node[0] == "View" and node[2] in views and kids[0] in merged and cost[n] < math.inf:
-                sliced.setdefault(data.node_class[n], set()).add(n)
-        # the best program with these members sliced, or only the members fixed
-        for keep in ({c: {n} for c, n in best.items()}, members):
-            forced = list(cost)
-            for c, nodes in {**keep, **sliced}.items():
-                for n in by_class[c]:
-                    if n not in nodes:
-                        forced[n] = math.inf
-            choice = reachable(data, extract(data, forced))
-            if choice is not None and dag_cost(data, cost, choice) < best_cost - 1e-9:
-                best, best_cost, taken = choice, dag_cost(data, cost, choice), taken + 1
-                members.update(sliced)
-                break
-    if best is choices[0]:
-        return choices, 0
-    return [best, *(c for c in choices if c != best)][:k], taken
-
-
-def check(graph: Graph, seed: int = 0) -> tuple[Graph, int, float]:
-    """Soundness of the merges on graph (any number of outputs): saturate with recognition,
-    layout and the merge rules, extract the merged program as optimize does and compare it with
-    the interpreter on random inputs. (the program, groups merged, largest relative error)"""
-    enc = Encoding.of(graph)
-    sat = Saturation.start([recognition.RULES, layout.RULES, RULES], time_limit=10.0, node_limit=20000)
-    enc.insert(sat.egraph)
-    plain = [recognition.RULES, layout.RULES]
-    for rulesets, chunks in ((plain, 50), ([RULES], 1), (plain, 50)):
-        sat.run(rulesets, max_chunks=chunks)
-    data = read_egraph(sat.egraph, enc.attrs)
-    cost = costs(data, enc.attrs)
-    base = reachable(data, extract(data, cost))
-    assert base is not None, "the e-graph has no acyclic program"
-    (choice, *_), taken = prefer(data, cost, slices(enc), [base], 1)
-    program = decode(enc, lambda c: data.nodes[choice[c]], data.roots)
-    inputs = random_inputs(graph, seed)
-    worst = 0.0
-    for got, ref in zip(run(program, inputs), run(graph, inputs)):
-        if got.shape != ref.shape:
-            return program, taken, math.inf
-        worst = max(worst, float(np.max(np.abs(got - ref) / (np.abs(ref) + 1e-3), initial=0.0)))
-    return program, taken, worst
 
 
 def rebound(cand: Graph, m: dict[int, Node], joined: dict[str, Joined], rep_weights: dict[str, Node],
