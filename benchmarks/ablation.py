@@ -37,7 +37,7 @@ def _compile(model: torch.nn.Module, inputs: tuple, threads: int, autotune: str,
     False (a cache directory of its own: the program cache would hand back the other's program)."""
     original = pipeline._candidates
     if not rewrites:
-        pipeline._candidates = lambda graph, target, k: ([graph], {})
+        pipeline._candidates = lambda graph, target, k, device=None: ([graph], {})
     try:
         with tempfile.TemporaryDirectory() as cache:
             return eclat.compile(model, inputs, target="cpu", threads=threads, autotune=autotune,

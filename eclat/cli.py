@@ -219,11 +219,13 @@ def _inspect_text(d: dict[str, Any]) -> str:
     eg = d.get("egraph") or {}
     if eg.get("enodes") is not None:
         lines.append(f"e-graph: {eg['enodes']} e-nodes, {eg['eclasses']} e-classes, "
-                     f"{eg['iterations']} iterations, {eg['seconds']} s")
+                     f"{eg['iterations']} iterations, {eg['seconds']} s"
+                     + (f", {eg['stopped']}" if eg.get("stopped") else ""))
     c = d.get("candidates") or {}
     if c:
         lines.append(f"candidates: {c.get('extracted')} extracted, {c.get('pruned')} pruned, "
-                     f"{c.get('timed')} timed, {len(c.get('failed') or [])} failed")
+                     f"{c.get('timed')} timed, {len(c.get('failed') or [])} failed, chose {c.get('chosen')}")
+        lines += [f"  {n}: {what}" for n, what in enumerate(c.get("differences") or [])]
     if d.get("memory"):
         lines.append(f"memory: arena {d['memory']['arena_bytes']} bytes "
                      f"(without reuse {d['memory']['without_reuse_bytes']})")

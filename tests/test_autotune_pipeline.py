@@ -14,8 +14,8 @@ from eclat.frontend import lower
 from tests.zoo import make_llama
 
 
-def _compile(model, inputs, cache):
-    return eclat.compile(model, inputs, autotune="fast", k=2, cache_dir=cache, quiet=True)
+def _compile(model, inputs, cache, k=2):
+    return eclat.compile(model, inputs, autotune="fast", k=k, cache_dir=cache, quiet=True)
 
 
 def test_second_compile_reads_the_cache_instead_of_searching(tmp_path, monkeypatch):
@@ -89,12 +89,12 @@ def test_tuning_entries_are_kept_per_eclat_version(tmp_path, monkeypatch):
     from eclat.autotune import TuningDB, cache
 
     model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
-    first = _compile(model, inputs, tmp_path)
+    first = _compile(model, inputs, tmp_path, k=1)  # one candidate: the same program both times
     with TuningDB(tmp_path / "tuning.db") as db:
         backends = {e.key.backend for e in db.entries()}
     assert backends == {f"cpu@{cache.source_version()}"}
     monkeypatch.setattr(cache, "source_version", lambda: "another-eclat")
-    second = _compile(model, inputs, tmp_path)
+    second = _compile(model, inputs, tmp_path, k=1)
     one, two = first.report(), second.report()
     assert two["tuning_cache"] == one["tuning_cache"] and one["tuning_cache"]["misses"] > 0  # tuned afresh
     assert not two["candidates"].get("cached")

@@ -98,13 +98,13 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     start = time.perf_counter() if start is None else start
     backend = get_target(target)
     bars = True if quiet else None  # progress bars: on a terminal, unless quiet
-    with progress(total=1, desc="e-graph", quiet=bars) as bar:
-        candidates, egraph = _candidates(graph, target, k)
-        bar.update()
     missing = backend.missing()
+    device = _device(target, threads, cache_dir) if autotune != "none" and not missing else None
+    with progress(total=1, desc="e-graph", quiet=bars) as bar:
+        candidates, egraph = _candidates(graph, target, k, device)
+        bar.update()
     if missing:
         return _deferred(graph, candidates, backend, target, threads, egraph, missing, start, in_structure)
-    device = _device(target, threads, cache_dir) if autotune != "none" else None
     tdb, owned = _open_db(db, cache_dir) if device is not None else (None, False)
     try:
         reference = interpret(reference_graph(graph, candidates), arrays) if verify else None
@@ -135,6 +135,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         if owned:
             tdb.close()
     report = _report(target, threads, device, program, exe, start)
+    stats.differences = list(egraph.get("differs", []))
     report.egraph, report.candidates, report.tuning_cache = _egraph_stats(egraph), stats, counts
     if remember is not None:
         program_cache.write(remember, program, tuned, report.to_dict())
@@ -149,18 +150,24 @@ def _specs(graph: Graph) -> list[InputSpec]:
 
 
 def _egraph_stats(egraph: dict) -> EgraphStats:
-    return EgraphStats(*(egraph.get(key) for key in ("enodes", "eclasses", "iterations", "seconds", "rules")))
+    return EgraphStats(*(egraph.get(key) for key in ("enodes", "eclasses", "iterations", "seconds", "rules",
+                                                      "stopped", "merged")))
 
 
-def _candidates(graph: Graph, target: str, k: int) -> tuple[list[Graph], dict]:
-    """The e-graph's candidates, each with its weight-only values computed now (rewrites.fold)."""
+def _candidates(graph: Graph, target: str, k: int, device: Any = None) -> tuple[list[Graph], dict]:
+    """The e-graph's candidates, ranked by their estimated time on device (its measured roofline;
+    the rewrites' default without one), each with its weight-only values computed now
+    (rewrites.fold)."""
     try:
         rewrites = _rewrites()
     except ImportError:
         return [graph], {}
+    from ..rewrites.extract import CPU, Roofline
     from ..rewrites.fold import fold_weights
 
-    opt = rewrites.optimize(graph, target, k)
+    roof = CPU if device is None else Roofline(device.gflops("float32") * 1e9, device.peak_gbps * 1e9,
+                                               device.launch_overhead_us * 1e-6)
+    opt = rewrites.optimize(graph, target, k, roof=roof)
     return [fold_weights(c) for c in opt.candidates or [graph]], dict(opt.stats)
 
 
@@ -384,7 +391,8 @@ def _deferred(graph: Graph, candidates: list[Graph], backend: Any, target: str, 
     exe = backend.deferred(program, reason)
     report = _report(target, threads, None, program, exe, start)
     report.egraph = _egraph_stats(egraph)
-    report.candidates = CandidateStats(len(candidates), failed=errors, chosen=n)
+    report.candidates = CandidateStats(len(candidates), failed=errors, chosen=n,
+                                       differences=list(egraph.get("differs", [])))
     report.notes = [f"{reason}: kept candidate {n} with default schedules, unverified and untimed; "
                     f"tune it on the hardware (`eclat autotune`)"]
     return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure)

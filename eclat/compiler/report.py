@@ -32,6 +32,8 @@ class EgraphStats:
     iterations: int | None = None
     seconds: float | None = None
     rules: Any = None  # matches per rule set and rule
+    stopped: str | None = None  # how each stage ended: saturated, or which budget stopped it
+    merged: int | None = None  # groups of products merged into one (horizontal merges)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class CandidateStats:
     failed: list[str] = field(default_factory=list)  # "candidate n: error" of each one skipped
     chosen: int | None = None
     cached: bool = False  # chosen by an earlier compile (the program cache)
+    differences: list[str] = field(default_factory=list)  # what each candidate changes from the first
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..ir.graph import Graph, Node
 from . import blocks, merge, registry
 from .encode import Encoding, decode
-from .extract import candidates, costs, dag_cost, prefer, read_egraph
+from .extract import CPU, Roofline, candidates, costs, dag_cost, differences, prefer, read_egraph
 from .registry import EXPLOSIVE, FUSION, STAGES, backend_rules
 from .schedule import Saturation
 
@@ -35,8 +35,9 @@ class Optimized:
 
 
 def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float = 5.0,
-             node_limit: int = 30000) -> Optimized:
-    """Saturate graph under the rule sets (and target's own), extract k distinct candidates.
+             node_limit: int = 30000, roof: Roofline = CPU) -> Optimized:
+    """Saturate graph under the rule sets (and target's own), extract k distinct candidates by
+    their estimated time on roof (the target device's measured peaks, when the driver has them).
     Structurally identical blocks (transformer layers) are optimised once and reused."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
@@ -44,13 +45,13 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
     start = time.perf_counter()
     segments, reps = blocks.blocks(graph)
     if len(reps) == len(segments):
-        opt, _ = _optimize_one(graph, target, k, time_limit, node_limit)
+        opt, _ = _optimize_one(graph, target, k, time_limit, node_limit, roof)
         return opt
     share = time_limit / len(reps)
     parts = []
     for rep, _ in reps:
         sub = blocks.rep_graph(rep, graph)
-        opt, enc = _optimize_one(sub, target, k, share, node_limit)
+        opt, enc = _optimize_one(sub, target, k, share, node_limit, roof)
         parts.append((opt, enc, {n.arg: n for n in sub.nodes() if n.op == "weight"}))
     of_segment = {i: (r, m) for r, (_, members) in enumerate(reps) for i, m in members}
     graphs, made = [], {}
@@ -79,6 +80,9 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
         "blocks": len(reps),
         "costs": [round(sum(_pick(parts[r][0].stats["costs"], c) for r, _ in of_segment.values()), 1)
                   for c in range(len(graphs))],
+        # what each candidate changes, in each kind of block (the first: "first")
+        "differs": ["; ".join(dict.fromkeys(_pick(o.stats["differs"], c) for o, _, _ in parts))
+                    for c in range(len(graphs))],
     }
     return Optimized(graphs, stats)
 
@@ -97,8 +101,8 @@ def _merge(counts: list[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]
     return out
 
 
-def _optimize_one(graph: Graph, target: str, k: int, time_limit: float,
-                  node_limit: int) -> tuple[Optimized, Encoding]:
+def _optimize_one(graph: Graph, target: str, k: int, time_limit: float, node_limit: int,
+                  roof: Roofline = CPU) -> tuple[Optimized, Encoding]:
     start = time.perf_counter()
     main = [*STAGES, *backend_rules(target)]
     merges = list(registry.MERGE)
@@ -113,7 +117,7 @@ def _optimize_one(graph: Graph, target: str, k: int, time_limit: float,
         sat.run(main)
     sat.run(list(FUSION), max_chunks=3)
     data = read_egraph(sat.egraph, enc.attrs)
-    cost = costs(data, enc.attrs)
+    cost = costs(data, enc.attrs, roof=roof)
     deadline = start + time_limit
     choices = candidates(data, cost, k, deadline=lambda: time.perf_counter() > deadline)
     choices, merged = prefer(data, cost, merge.slices(enc) if merges else {}, choices, k)
@@ -128,6 +132,7 @@ def _optimize_one(graph: Graph, target: str, k: int, time_limit: float,
         "extracted": len(graphs),
         "stopped": sat.stopped,
         "costs": [round(dag_cost(data, cost, ch), 1) for ch in choices],
+        "differs": differences(data, choices),
     }
     return Optimized(graphs, stats), enc
 
