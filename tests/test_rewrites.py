@@ -202,7 +202,7 @@ def test_optimize_zoo_models(name: str):
     graph = lower(model, example)
     arrays = [x.numpy() for x in example]
     res = optimize(graph, "cpu", k=4)
-    assert res.stats["stopped"] == "saturated" and len(res.candidates) >= 2
+    assert only_exploration_cut_short(res.stats["stopped"]) and len(res.candidates) >= 2
     for cand in [_round_trip(graph), *res.candidates]:
         assert cand.out_spec is graph.out_spec
         for p, q in zip(run(graph, arrays), run(cand, arrays)):
@@ -264,7 +264,7 @@ def test_symbolic_sequence_length():
 def test_node_limit_stops_saturation():
     graph = llama(layers=1)
     res = optimize(graph, k=2, node_limit=200)
-    assert res.stats["stopped"] == "e-node limit"
+    assert res.stats["stopped"].startswith("e-node limit")
     assert res.stats["enodes"] < 1021  # the unbounded run of this block holds 1021
     for cand in res.candidates:
         assert_same(graph, cand)
@@ -273,7 +273,7 @@ def test_node_limit_stops_saturation():
 def test_time_limit_still_gives_a_candidate():
     graph = llama(layers=1)
     res = optimize(graph, k=3, time_limit=0.0)
-    assert res.stats["stopped"] == "time limit" and len(res.candidates) == 1
+    assert res.stats["stopped"].startswith("time limit") and len(res.candidates) == 1
     assert_same(graph, res.candidates[0])
 
 
@@ -326,5 +326,13 @@ def test_a_scale_and_its_inverse_saturate(scale):
             return torch.relu(scale(x)) + 1
 
     res = optimize(lower(Scaled(), (torch.randn(4, 8),)), "cpu", k=8)
-    assert res.stats["stopped"] == "saturated" and res.stats["enodes"] < 2000
-    assert len(res.candidates) > 1
+    assert only_exploration_cut_short(res.stats["stopped"]) and res.stats["enodes"] < 2000
+    assert sum(res.stats["rules"]["fusion"].values()) > 0  # the fusion stage ran
+    # the scale and its inverse fold away: relu(x) + 1, one program (materialising no value pays)
+    assert res.candidates[0].op_counts() == {"input": 1, "const": 2, "view": 2, "max": 1, "add": 1}
+
+
+def only_exploration_cut_short(stopped: str) -> bool:
+    """stats["stopped"] names the stages that did not saturate: none hit the e-node or time limit,
+    and the simplifying stage (algebra's) saturated; exploring stages may stop at their chunk budget."""
+    return not any(w in stopped for w in ("e-node limit", "time limit", "algebra"))

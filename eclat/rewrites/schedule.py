@@ -1,7 +1,13 @@
 """A bounded schedule. egglog 13.2 has no timeout, so rule sets run in chunks of one
-iteration and the loop stops on saturation, on the e-node limit or on the deadline.
-Associativity and commutativity run under the back-off scheduler, whose match limit is
-what bounds a single explosive iteration."""
+iteration and the loop stops on saturation, on the e-node limit, on the deadline or after
+max_chunks. Associativity and commutativity run under the back-off scheduler, whose match
+limit is what bounds a single explosive iteration.
+
+Every `run` is one stage; `stages` records, per stage, the rule sets it ran, its chunks and
+iterations, the e-nodes after it (subsumed ones included), its seconds and why it stopped
+("saturated", "e-node limit", "time limit" or "chunk limit"). A stage meant to saturate (the
+simplifying sets) should say "saturated"; an exploring stage run under a chunk budget may stop
+at it. `stopped` sums them up."""
 
 from __future__ import annotations
 
@@ -12,6 +18,11 @@ import egglog.bindings as eb
 
 from .lang import CTORS, RuleSet, declarations
 
+SATURATED = "saturated"
+# a fact true until the first explosive stage: rules that compute a new constant from old ones
+# require it (algebra.FRESH), so they never run on classes that exploration has reassociated
+UNEXPLORED = "unexplored 0"
+
 
 @dataclass
 class Saturation:
@@ -20,13 +31,24 @@ class Saturation:
     node_limit: int
     iterations: int = 0
     matches: dict[str, dict[str, int]] = field(default_factory=dict)
-    stopped: str = "saturated"
+    stages: list[dict] = field(default_factory=list)
 
     @staticmethod
     def start(rulesets: list[RuleSet], time_limit: float, node_limit: int) -> Saturation:
         egraph = eb.EGraph()
-        egraph.run_program(*egraph.parse_program(declarations() + "\n".join(r.egglog() for r in rulesets)))
+        egraph.run_program(*egraph.parse_program(declarations() + "\n".join(r.egglog() for r in rulesets)
+                                                 + f"\n(set ({UNEXPLORED}) 1)"))
         return Saturation(egraph, time.perf_counter() + time_limit, node_limit)
+
+    @property
+    def stopped(self) -> str:
+        """"saturated" when every stage saturated; else each reason with the stages it stopped,
+        e.g. "chunk limit (assoc+contraction)"."""
+        by: dict[str, list[str]] = {}
+        for s in self.stages:
+            if s["stopped"] != SATURATED:
+                by.setdefault(s["stopped"], []).append("+".join(s["rulesets"]))
+        return "; ".join(f"{why} ({', '.join(names)})" for why, names in by.items()) or SATURATED
 
     def enodes(self) -> int:
         (out,) = self.egraph.run_program(*self.egraph.parse_program("(print-size)"))
@@ -39,8 +61,8 @@ class Saturation:
             return "e-node limit"
         return None
 
-    def _chunk(self, text: str, rulesets: list[RuleSet]) -> bool:
-        """Run one chunk; True when some rule changed the e-graph."""
+    def _chunk(self, text: str, rulesets: list[RuleSet]) -> tuple[bool, int]:
+        """Run one chunk; (whether some rule changed the e-graph, iterations run)."""
         (out,) = self.egraph.run_program(*self.egraph.parse_program(text))
         report = out.report
         self.iterations += len(report.iterations)
@@ -49,24 +71,38 @@ class Saturation:
             rs = by_rule.get(rule, "types" if rule.startswith("shape-") else "other")
             self.matches.setdefault(rs, {})
             self.matches[rs][rule] = self.matches[rs].get(rule, 0) + n
-        return report.updated
+        # under back-off, a banned rule with matches left also reads as updated
+        return report.updated, len(report.iterations)
 
-    def run(self, rulesets: list[RuleSet], max_chunks: int = 50, match_limit: int = 1000) -> None:
-        """Run the rule sets together until nothing changes, max_chunks runs or a limit."""
+    def run(self, rulesets: list[RuleSet], max_chunks: int = 50, match_limit: int = 1000) -> dict:
+        """Run the rule sets together until nothing changes, max_chunks runs or a limit; the
+        stage's record (also appended to `stages`)."""
+        stage = {"rulesets": [r.name for r in rulesets], "chunks": 0, "iterations": 0, "stopped": SATURATED}
         if not rulesets:
-            return
+            return stage
+        start = time.perf_counter()
+        # shapes first: rules that build a constant of an operand's shape read them
         if any(r.explosive for r in rulesets):
+            self.egraph.run_program(*self.egraph.parse_program(f"(delete ({UNEXPLORED}))"))
             runs = " ".join(f"(run-with bo {r.name})" for r in rulesets)
             text = (f"(run-schedule (seq (let-scheduler bo (back-off :match-limit {match_limit} "
-                    f":ban-length 2)) (repeat 2 {runs})))")
+                    f":ban-length 2)) (repeat 2 (saturate types) {runs})))")
         else:
-            # shapes first: rules that build a constant of an operand's shape read them
             runs = " ".join(f"(run {r.name})" for r in rulesets)
             text = f"(run-schedule (seq (saturate types) {runs}))"
-        for _ in range(max_chunks):
+        while True:
             stop = self.out_of_budget()
+            if stop is None and stage["chunks"] == max_chunks:
+                stop = "chunk limit"
             if stop:
-                self.stopped = stop
-                return
-            if not self._chunk(text, rulesets):
-                return
+                stage["stopped"] = stop
+                break
+            updated, n = self._chunk(text, rulesets)
+            stage["chunks"] += 1
+            stage["iterations"] += n
+            if not updated:
+                break
+        stage["enodes"] = self.enodes()
+        stage["seconds"] = round(time.perf_counter() - start, 3)
+        self.stages.append(stage)
+        return stage
