@@ -153,9 +153,8 @@ def fill_sums(enc) -> list[tuple[str, tuple[int, ...], int]]:
 def fill_shapes(enc) -> list[tuple[str, tuple[int, ...], int]]:
     """The shape ids the `types` analysis reads: vshape(view), leafshape(leaf), and drop(shape, axis)
     = the shape without that axis, closed under repeated drops; unmasked(view) = 1 for a view without
-    a mask. Runs after the fillers that add
-    views and leaves; first fills bsum, whose views need shapes too."""
-    out = fill_sums(enc)
+    a mask. Runs after the fillers that add views and leaves (fill_sums among them)."""
+    out = []
     for i, a in enumerate(list(enc.attrs)):
         if isinstance(a, View):
             out.append(("vshape", (i,), enc.shape_id(a.shape)))

@@ -17,7 +17,8 @@ MERGE: tuple[RuleSet, ...] = (merge.RULES,)
 # after the matmul plans (it adds its own) and before the fillers that cover every view;
 # shapes last: they cover the views and leaves the others create
 ORACLE_FILLERS = (recognition.fill_matmul, merge.fill_merge, contraction.fill_contraction,
-                  recognition.fill_broadcasts, onehot.fill_gather, layout.fill_layout, algebra.fill_shapes)
+                  recognition.fill_broadcasts, onehot.fill_gather, layout.fill_layout, algebra.fill_sums,
+                  algebra.fill_shapes)
 
 
 def backend_rules(target: str) -> tuple[RuleSet, ...]:
