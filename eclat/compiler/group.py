@@ -168,11 +168,12 @@ def _cost(e: KExpr) -> int:
     return go(e)
 
 
-def _is_contraction(r: Reduce) -> bool:
-    """A sum of a product whose factors read different output axes (a matmul's shape)."""
+def _is_contraction(r: Reduce, fv_memo: dict | None = None) -> bool:
+    """A sum of a product whose factors read different output axes (a matmul's shape).
+    fv_memo: free_vars' memo, shared across calls (deep bodies are walked once)."""
     if r.op != "sum" or not (isinstance(r.body, Op) and r.body.op == "mul"):
         return False
-    a, b = (free_vars(s) - {r.var.name} for s in r.body.srcs)
+    a, b = (free_vars(s, fv_memo) - {r.var.name} for s in r.body.srcs)
     return bool(a ^ b)
 
 
@@ -302,14 +303,15 @@ class _Grouping:
         redundant: set[int] = set()
         hits: dict[int, KExpr] = {}
         sizes: dict[str, int] = {}
+        fv_memo: dict = {}
         for k in self.kernels:
             rs = reduces(k.body)
             if len(rs) > 1:  # a contraction gets a kernel of its own, to be register-blocked
-                redundant |= {id(self.origin[r]) for r in rs if _is_contraction(r) and r in self.origin
-                              and id(self.origin[r]) not in self.buf_of}
+                redundant |= {id(self.origin[r]) for r in rs if r in self.origin
+                              and id(self.origin[r]) not in self.buf_of and _is_contraction(r, fv_memo)}
             sizes.update({f"i{a}": d for a, d in enumerate(k.shape)})
             self._offenders(k.body, tuple(f"i{a}" for a in range(len(k.shape))), False,
-                            sizes, shared, redundant, hits, set(), {})
+                            sizes, shared, redundant, hits, set(), fv_memo)
         # a shared value whose user is evaluated at least as often goes with that user; of
         # the rest, materialise the innermost first (their users then cost less)
         count = {nid: len(self.occurrences[nid]) for nid in hits}
