@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,14 +35,16 @@ from eclat.compiler import pipeline  # noqa: E402
 
 def _compile(model: torch.nn.Module, inputs: tuple, threads: int, autotune: str, rewrites: bool) -> Any:
     """eclat.compile, with the e-graph's candidates replaced by the lowered graph when rewrites is
-    False (a cache directory of its own: the program cache would hand back the other's program)."""
+    False (a cache directory of its own: the program cache would hand back the other's program).
+    Without rewrites the compiler's own check is off (interpreting the lowered graph materialises
+    every broadcast product: 4 GB for matmul_1024); main compares its outputs with the other's."""
     original = pipeline._candidates
     if not rewrites:
         pipeline._candidates = lambda graph, target, k, device=None: ([graph], {})
     try:
         with tempfile.TemporaryDirectory() as cache:
             return eclat.compile(model, inputs, target="cpu", threads=threads, autotune=autotune,
-                                 cache_dir=cache, quiet=True)
+                                 cache_dir=cache, quiet=True, verify=rewrites)
     finally:
         pipeline._candidates = original
 
@@ -70,6 +73,10 @@ def main(argv: list[str] | None = None) -> None:
         arrays = [x.numpy() for x in inputs]
         runs = {side: _compile(model, inputs, args.threads, args.autotune, side == "on")
                 for side in ("off", "on")}
+        outs = {side: c(*arrays) for side, c in runs.items()}
+        outs = {side: o if isinstance(o, list) else [o] for side, o in outs.items()}
+        for got, want in zip(outs["off"], outs["on"]):
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)  # the unchecked one, checked here
         times = time_interleaved({side: (lambda c=c, a=arrays: c(*a)) for side, c in runs.items()})
         cells = []
         for side in ("off", "on"):
