@@ -11,9 +11,9 @@ import torch
 import eclat
 from eclat.compiler.kernel import flops
 from eclat.frontend import lower
-from eclat.ir.view import View
+from eclat.ir.view import View, compose
 from eclat.rewrites import optimize
-from eclat.rewrites.contraction import compose, unbatch
+from eclat.rewrites.contraction import unbatch
 from eclat.rewrites.encode import Encoding
 from eclat.rewrites.extract import (
     EGraphData,

@@ -18,10 +18,10 @@ from eclat.ir.dtypes import DType
 from eclat.ir.graph import Graph, Node
 from eclat.ir.interpreter import read_view, run
 from eclat.ir.symbolic import Var
-from eclat.ir.view import View
+from eclat.ir.view import View, compose
 from eclat.rewrites import composites, merge, optimize, registry
 from eclat.rewrites.check import check_merges, check_rule
-from eclat.rewrites.encode import Encoding, compose
+from eclat.rewrites.encode import Encoding
 from tests.zoo import make_llama
 
 RNG = np.random.default_rng(0)

@@ -22,67 +22,12 @@ from ..ir import graph as g
 from ..ir.dtypes import DType
 from ..ir.graph import Graph
 from ..ir.symbolic import as_int
-from ..ir.view import View
+from ..ir.view import View, compose
 from .composites import matmul
 from .lang import Rule, RuleSet
 from .recognition import plan_matmul
 
 Plan = tuple[int, int, int, View, View, View]  # va, vb, r (ids and axis), a2, b2, o
-
-
-def compose(o: View, w: View) -> View | None:
-    """u with View(View(m, o), w) == View(m, u), where w reads View(m, o)'s elements in
-    row-major order of o's shape. None unless every size is known, neither view masks, and
-    every axis of w walks a single axis of o, or of o with its mergeable axes merged, within
-    its bounds (no carry into the next)."""
-    if o.mask is not None or w.mask is not None:
-        return None
-    return _compose(o, w) or _compose(_merged(o), w)
-
-
-def _merged(o: View) -> View:
-    """o without unit axes and with neighbours merged where o reads them as one axis."""
-    axes = [(n, s) for n, s in zip(o.shape, o.strides) if as_int(n) != 1]
-    out: list[tuple] = []
-    for n, s in axes:
-        if out and as_int(out[-1][1]) is not None and as_int(n) is not None and as_int(s) is not None \
-                and out[-1][1] == s * n:
-            out[-1] = (out[-1][0] * n, s)
-        else:
-            out.append((n, s))
-    return View.make([n for n, _ in out], [s for _, s in out], o.offset)
-
-
-def _compose(o: View, w: View) -> View | None:
-    dims, ostr = [as_int(n) for n in o.shape], [as_int(s) for s in o.strides]
-    wn, ws = [as_int(n) for n in w.shape], [as_int(s) for s in w.strides]
-    ooff, woff = as_int(o.offset), as_int(w.offset)
-    if None in (*dims, *ostr, *wn, *ws, ooff, woff):
-        return None
-    radix, acc = [0] * len(dims), 1
-    for a in reversed(range(len(dims))):
-        radix[a], acc = acc, acc * dims[a]
-    if not 0 <= woff < max(acc, 1):
-        return None
-    start = [woff // radix[a] % dims[a] for a in range(len(dims))]
-    lo, hi, strides = list(start), list(start), []
-    for n, s in zip(wn, ws):
-        if n == 1 or s == 0:
-            strides.append(0)
-            continue
-        # s = t * radix[a] with |t| < dims[a] names one axis a (mixed-radix digits are unique)
-        a = next((a for a in range(len(dims)) if dims[a] > 1 and s % radix[a] == 0
-                  and abs(s) // radix[a] < dims[a]), None)
-        if a is None:
-            return None
-        t = s // radix[a]
-        lo[a] += min(0, (n - 1) * t)
-        hi[a] += max(0, (n - 1) * t)
-        strides.append(t * ostr[a])
-    if any(lo[a] < 0 or hi[a] >= dims[a] for a in range(len(dims))):
-        return None
-    offset = ooff + sum(j * s for j, s in zip(start, ostr))
-    return View.make(w.shape, strides, offset)
 
 
 def unbatch(u: View, v: View) -> tuple[View, View, View] | None:

@@ -9,7 +9,6 @@ sharing survive extraction. `decode` builds a Graph back from a chosen e-node pe
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,7 @@ from ..ir import graph as g
 from ..ir.dtypes import DType
 from ..ir.graph import OPS, Graph, Node
 from ..ir.symbolic import as_int
-from ..ir.view import View
+from ..ir.view import View, compose
 from .composites import COMPOSITE_ARGS, build_composite
 from .lang import CTOR_OF_OP, CTORS
 from .layout import laid_out
@@ -131,52 +130,6 @@ class Encoding:
 
 
 # --- back to the IR ----------------------------------------------------------------------------
-
-def compose(inner: View, outer: View) -> View | None:
-    """One view of inner's source reading what outer reads of inner's elements (in row-major
-    order), or None where that needs a copy: outer runs across axes inner does not store
-    contiguously, inner is masked, or a size is symbolic. Inner's axes stored contiguously are
-    merged; each of outer's axes must then step along one of them, never past its end, so the
-    row-major index has no carries and maps axis by axis."""
-    ints = lambda xs: [as_int(x) for x in xs]
-    shape, strides = ints(inner.shape), ints(inner.strides)
-    oshape, ostrides = ints(outer.shape), ints(outer.strides)
-    box = [ints(b) for b in outer.mask] if outer.mask is not None else [[0, n] for n in oshape]
-    flat = [*shape, *strides, *oshape, *ostrides, *(b for lo_hi in box for b in lo_hi)]
-    if inner.mask is not None or None in (*flat, as_int(inner.offset), as_int(outer.offset)):
-        return None
-    if any(hi <= lo for lo, hi in box):  # reads nothing but zeros
-        return View.make(oshape, [0] * len(oshape), 0, outer.mask)
-    axes: list[list[int]] = []  # [size, stride] of inner's axes, merged where stored contiguously
-    for n, s in zip(shape, strides):
-        if n != 1:
-            if axes and axes[-1][1] == s * n:
-                axes[-1] = [axes[-1][0] * n, s]
-            else:
-                axes.append([n, s])
-    row = [math.prod(n for n, _ in axes[j + 1:]) for j in range(len(axes))]  # row-major strides
-    base = as_int(outer.offset) + sum(lo * s for (lo, _), s in zip(box, ostrides))
-    if not 0 <= base < math.prod(n for n, _ in axes):
-        return None
-    digit = [base // row[j] % axes[j][0] for j in range(len(axes))]
-    low, high = list(digit), list(digit)
-    new = [0] * len(oshape)
-    for k, ((lo, hi), s) in enumerate(zip(box, ostrides)):
-        if hi - lo == 1 or s == 0:
-            continue
-        j = next((j for j, r in enumerate(row) if r <= abs(s) and s % r == 0), None)
-        if j is None:
-            return None
-        step = s // row[j]
-        low[j] += min(0, (hi - lo - 1) * step)
-        high[j] += max(0, (hi - lo - 1) * step)
-        new[k] = step * axes[j][1]
-    if any(lo < 0 or hi >= n for lo, hi, (n, _) in zip(low, high, axes)):
-        return None
-    offset = (as_int(inner.offset) + sum(d * s for d, (_, s) in zip(digit, axes))
-              - sum(lo * s for (lo, _), s in zip(box, new)))
-    return View.make(oshape, new, offset, outer.mask)
-
 
 def make_view(x: Node, v: View) -> Node:
     """x read through v (v indexes x's elements in row-major order)."""
