@@ -272,3 +272,33 @@ def test_a_folded_broadcast_read_through_a_symbolic_view():
     xs = np.random.default_rng(1).standard_normal((5, 3, 4)).astype(np.float32)
     for got, want in zip(run(folded, [xs]), run(graph, [xs])):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+class LoRALinear(nn.Module):
+    """A Linear with a rank-r adapter, as peft writes it: base(x) + B(A(x)) * scaling."""
+
+    def __init__(self, d: int, r: int, bias: bool):
+        super().__init__()
+        self.base = nn.Linear(d, d, bias=bias)
+        self.lora_a, self.lora_b = nn.Linear(d, r, bias=False), nn.Linear(r, d, bias=False)
+        nn.init.normal_(self.lora_b.weight, std=0.02)
+        self.scaling = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.lora_b(self.lora_a(x)) * self.scaling
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_lora_adapter_runs_as_one_gemm(bias):
+    """x @ W' + (x @ A') @ B' * s is x @ (W' + s A' B'): the extraction sees that the weight-only
+    sum folds (and the rank-r product under it with it), so one GEMM runs, with the bias as its
+    epilogue."""
+    torch.manual_seed(0)
+    d, r = 256, 8
+    model, x = LoRALinear(d, r, bias).eval(), torch.randn(16, d)
+    compiled = eclat.compile(model, (x,), target="cpu", autotune="none", quiet=True)
+    kernels = compiled.compile_report.kernels
+    assert len(kernels) == 1 and kernels[0].flops >= 2 * 16 * d * d
+    assert kernels[0].flops < 2 * 16 * d * d + 4 * 16 * d  # no rank-r products at run time
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)

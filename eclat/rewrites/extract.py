@@ -4,8 +4,9 @@ The e-graph is read once (`read_egraph`), every e-class gets its shape and dtype
 every e-node a cost: a roofline time on a `Roofline` (peak FLOP/s, bandwidth, launch), so a
 product's cost sees its FLOPs and the bytes it moves, a kernel boundary its launch, and the
 order of a matmul chain or a merge of products shows in the cost. Values no input reaches
-cost nothing (eclat.rewrites.fold computes them at compile time); a computed operand of a
-product pays for the buffer grouping makes of it. `extract` is a greedy DAG extraction: the
+cost nothing where eclat.rewrites.fold computes them at compile time (`folds`: by fold.py's own
+size bound), and neither do the values only a folded one reads; a computed operand of a product
+pays for the buffer grouping makes of it. `extract` is a greedy DAG extraction: the
 cost of choosing a node is its own cost plus the union of its children's chosen sub-DAGs, so
 a value used twice is paid once. That is only true of a value materialised in a buffer:
 `dag_cost`, the cost a whole program is ranked by, charges an elementwise value once per
@@ -23,7 +24,7 @@ import math
 import random
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import egglog.bindings as eb
 
@@ -31,7 +32,8 @@ from ..ir.dtypes import DType
 from ..ir.graph import Node
 from ..ir.symbolic import Expr, as_int
 from ..ir.view import View
-from .lang import CTORS
+from .fold import EVAL_LIMIT, SLACK_BYTES
+from .lang import CTORS, SAME_SHAPE
 
 # per-element work of the ops that are not products, in peak-FLOP equivalents: a product
 # runs at the FMA peak, an elementwise op or a reduction step reaches a fraction of it
@@ -39,13 +41,13 @@ OP_FLOPS = 4.0
 TRANSCENDENTAL_FLOPS = 20.0
 FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one kernel, ops per element
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
-FOLD_SLACK = 1024  # elements a weight-only value may exceed its operands by and still be folded
 SYMBOLIC_HINT = 64  # size assumed for a symbolic dimension when estimating
 COPY = 1e12  # a runtime copy of a buffer that already exists
 # nodes computed once in a kernel of their own, whose result is a buffer; all others are fused
 # into (and recomputed by) every kernel that reads them
 BOUNDARY = {"Contiguous", "Sum", "MaxReduce", "Matmul", "Softmax", "RmsNorm", "LayerNorm", "Attention"}
 COMMUTATIVE = {"Add", "Mul", "Max"}
+ELEMENTWISE = set(SAME_SHAPE) - set(FUSED_REDUCTIONS)
 QUIET = {"View", "Leaf", "Fill", "Contiguous"}  # not named in the op counts of `describe`
 
 
@@ -56,6 +58,7 @@ class EGraphData:
     children: list[list[int]]
     roots: list[int]
     info: dict[int, tuple[tuple, DType]]  # class -> (shape, dtype)
+    folded: set[int] = field(default_factory=set)  # nodes fold.py computes at compile time (`folds`)
 
 
 def read_egraph(egraph: eb.EGraph, attrs: list) -> EGraphData:
@@ -80,6 +83,7 @@ def read_egraph(egraph: eb.EGraph, attrs: list) -> EGraphData:
             children.append([a for k, a in zip(kinds, args) if k == "T"])
     data = EGraphData(nodes, node_class, children, [roots[i] for i in range(len(roots))], {})
     _infer_types(data, attrs)
+    data.folded = folds(data, attrs)
     return data
 
 
@@ -132,6 +136,60 @@ def _type_of(node: tuple, kids: list, attrs: list) -> tuple[tuple, DType]:
     if ctor == "Attention":
         return tuple(attrs[args[7]].shape[:-1]) + kids[2][0][-1:], dtype
     return shape, dtype
+
+
+def folds(data: EGraphData, attrs: list) -> set[int]:
+    """The nodes eclat.rewrites.fold would compute at compile time were they extracted: weight-only,
+    not a leaf nor a view of one, and storing (broadcast axes once) at most SLACK_BYTES more than the
+    weights they read. Per class, the bytes of weights read and the values stored are the least any
+    of its weight-only nodes needs (a lower bound for the stored values of elementwise ops)."""
+    const = _constant_classes(data, attrs)
+    reads: dict[int, float] = {}   # const class -> bytes of the weights it reads
+    stored: dict[int, float] = {}  # const class -> elements it stores
+
+    def own(n: int) -> tuple[float, float] | None:
+        node, kids = data.nodes[n], data.children[n]
+        c = data.node_class[n]
+        if c not in data.info or any(k not in reads for k in kids):
+            return None
+        shape, dtype = data.info[c]
+        size = numel(shape)
+        if node[0] == "Leaf":
+            weight = attrs[node[1]].op == "weight"
+            return (size * dtype.itemsize if weight else 0.0), float(size)
+        if node[0] == "Fill":
+            return 0.0, 1.0
+        # a view or an elementwise op repeats where its operands do (at most its widest one's values)
+        spread = node[0] == "View" or node[0] in ELEMENTWISE
+        distinct = max(stored[k] for k in kids) if spread else size
+        if node[0] == "Matmul":  # distinct rows of a times distinct columns of b (a broadcast row: one)
+            depth = numel(data.info[kids[0]][0][-1:])
+            distinct = max(1.0, stored[kids[0]] / depth) * max(1.0, stored[kids[1]] / depth)
+        return sum(reads[k] for k in set(kids)), min(float(size), distinct)
+
+    users = _users(data)
+    work = deque(n for n, kids in enumerate(data.children) if data.node_class[n] in const and not kids)
+    while work:  # least fixpoint over the classes' weight-only nodes
+        n = work.popleft()
+        c = data.node_class[n]
+        got = own(n)
+        if got is None or (c in reads and got[0] >= reads[c] and got[1] >= stored[c]):
+            continue
+        reads[c], stored[c] = min(got[0], reads.get(c, math.inf)), min(got[1], stored.get(c, math.inf))
+        work.extend(u for u in users.get(c, ()) if data.node_class[u] in const)
+    leaves = {c for node, c in zip(data.nodes, data.node_class) if node[0] == "Leaf"}
+    out = set()
+    for n, (node, c, kids) in enumerate(zip(data.nodes, data.node_class, data.children)):
+        if node[0] in ("Leaf", "Fill") or not kids or any(k not in reads for k in kids) or c not in data.info:
+            continue
+        if node[0] == "View" and kids[0] in leaves:
+            continue  # a layout of a weight: made at compile time, but not a fold (layout.py)
+        shape, dtype = data.info[c]
+        got = own(n)
+        if got is not None and all(as_int(d) is not None for d in shape) and numel(shape) <= EVAL_LIMIT \
+                and got[1] * dtype.itemsize <= got[0] + SLACK_BYTES:
+            out.add(n)
+    return out
 
 
 def numel(shape: tuple) -> int:
@@ -203,25 +261,24 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False, roof: Roofli
     # a weight read through a view is a compile-time constant too (layout makes such arrays)
     leaves |= {c for node, c, kids in zip(data.nodes, data.node_class, data.children)
                if not copy_leaves and node[0] == "View" and kids[0] in leaves}
-    const = _constant_classes(data, attrs)
     operands = _product_operands(data)
 
-    def one(node: tuple, c: int, kids: list[int]) -> float:
+    def one(n: int, node: tuple, c: int, kids: list[int]) -> float:
         if c not in data.info or any(k not in data.info for k in kids):
             return math.inf
         if node[0] == "Contiguous":
             return node_cost(node, data.info[c], [], attrs, roof) + (COPY if kids[0] in leaves else 0.0)
+        if n in data.folded:
+            return 0.0
         shapes = [data.info[k] for k in kids]
-        if kids and all(k in const for k in kids) \
-                and numel(data.info[c][0]) <= sum(numel(s) for s, _ in shapes) + FOLD_SLACK:
-            return 0.0  # folded at compile time (eclat.rewrites.fold)
         own = node_cost(node, data.info[c], shapes, attrs, roof)
         if c in operands and node[0] not in BOUNDARY and node[0] not in QUIET:
             # grouping materialises a computed operand of a product (else every tile recomputes it)
             own += node_cost(("Contiguous",), data.info[c], [], attrs, roof)
         return own
 
-    return [one(node, c, kids) for node, c, kids in zip(data.nodes, data.node_class, data.children)]
+    return [one(n, node, c, kids)
+            for n, (node, c, kids) in enumerate(zip(data.nodes, data.node_class, data.children))]
 
 
 def _product_operands(data: EGraphData) -> set[int]:
@@ -255,12 +312,15 @@ def extract(data: EGraphData, cost: list[float], max_visits: int = 4,
             users: dict[int, list[int]] | None = None, totals: dict[int, float] | None = None
             ) -> dict[int, int]:
     """Greedy DAG extraction: class -> chosen node. Sub-DAGs are bitsets of classes (Python
-    ints); a worklist revisits the users of a class whenever its choice improves. totals, when
-    given, receives each class's sub-DAG cost."""
+    ints); a worklist revisits the users of a class whenever its choice improves. A folded node
+    (computed at compile time) pays for nothing below it; what it reads still counts in the
+    classes it reaches, which keep a choice acyclic. totals, when given, receives each class's
+    sub-DAG cost."""
     users = _users(data) if users is None else users
     best: dict[int, int] = {}
     best_cost: dict[int, float] = {} if totals is None else totals
-    sets: dict[int, int] = {}
+    sets: dict[int, int] = {}   # the classes a class's choice pays for
+    reach: dict[int, int] = {}  # the classes it reads, folded or not
     visits = [0] * len(data.nodes)
     work = deque(n for n, kids in enumerate(data.children) if not kids)
     while work:
@@ -269,8 +329,12 @@ def extract(data: EGraphData, cost: list[float], max_visits: int = 4,
         if cost[n] == math.inf or visits[n] >= max_visits or any(k not in sets for k in kids):
             continue
         visits[n] += 1
-        total, union = cost[n], 0
-        if kids:
+        total, union, seen = cost[n], 0, 0
+        for k in kids:
+            seen |= reach[k]
+        if seen >> c & 1:
+            continue  # a cycle through this class
+        if kids and n not in data.folded:
             # the largest child sub-DAG is paid as a whole; the others only for what they add
             big = max(kids, key=lambda k: best_cost[k])
             union = sets[big]
@@ -284,10 +348,8 @@ def extract(data: EGraphData, cost: list[float], max_visits: int = 4,
                 low = extra & -extra
                 total += cost[best[low.bit_length() - 1]]
                 extra ^= low
-        if union >> c & 1:
-            continue  # a cycle through this class
         if total < best_cost.get(c, math.inf) - 1e-9:
-            best[c], best_cost[c], sets[c] = n, total, union | (1 << c)
+            best[c], best_cost[c], sets[c], reach[c] = n, total, union | (1 << c), seen | (1 << c)
             work.extend(users.get(c, ()))
     return best
 
@@ -314,7 +376,8 @@ def reachable(data: EGraphData, best: dict[int, int]) -> dict[int, int] | None:
 
 
 def _order(data: EGraphData, choice: dict[int, int]) -> list[int]:
-    """The chosen classes, users before their operands."""
+    """The chosen classes computed at run time, users before their operands (what only a folded
+    node reads is not)."""
     out, seen = [], set()
     stack = [(r, False) for r in data.roots]
     while stack:
@@ -324,24 +387,28 @@ def _order(data: EGraphData, choice: dict[int, int]) -> list[int]:
         elif c not in seen:
             seen.add(c)
             stack.append((c, True))
-            stack.extend((k, False) for k in data.children[choice[c]])
+            if choice[c] not in data.folded:
+                stack.extend((k, False) for k in data.children[choice[c]])
     return out[::-1]
 
 
 def evaluations(data: EGraphData, choice: dict[int, int]) -> dict[int, int]:
     """How many kernels evaluate each chosen class: 1 for a boundary or an output, for a fused
-    value the number of distinct kernels that reach it through fused users."""
+    value the number of distinct kernels that reach it through fused users; 0 for what only a
+    folded value reads."""
     kernels: dict[int, int] = {}  # class -> bitset of the kernels it is evaluated in
     roots = set(data.roots)
     bit = {c: 1 << i for i, c in enumerate(choice)}
-    for c in _order(data, choice):
+    order = _order(data, choice)
+    for c in order:
         node = data.nodes[choice[c]]
         if node[0] in BOUNDARY or c in roots or not kernels.get(c):
             kernels[c] = bit[c]
-        for k in data.children[choice[c]]:
-            kernels[k] = kernels.get(k, 0) | kernels[c]
-    return {c: 1 if data.nodes[choice[c]][0] in BOUNDARY or c in roots else bin(kernels[c]).count("1")
-            for c in choice}
+        if choice[c] not in data.folded:
+            for k in data.children[choice[c]]:
+                kernels[k] = kernels.get(k, 0) | kernels[c]
+    once = {c for c in order if data.nodes[choice[c]][0] in BOUNDARY or c in roots}
+    return {c: 1 if c in once else bin(kernels[c]).count("1") if c in kernels else 0 for c in choice}
 
 
 def dag_cost(data: EGraphData, cost: list[float], choice: dict[int, int]) -> float:
