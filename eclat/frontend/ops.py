@@ -614,11 +614,15 @@ def _layer_norm(ctx: Ctx, x: Node, normalized_shape: Sequence[int], w: Node | No
 
 def _batch_norm_eval(ctx: Ctx, x: Node, w: Node | None, b: Node | None, mean: Node, var: Node,
                      momentum: float, eps: float) -> tuple[Node, Unavailable, Unavailable]:
+    # x * scale + shift, both per channel and weight-only: folded at compile time, and the
+    # scale free to move into a convolution before it (eclat.rewrites.affine)
     shape = (x.shape[1],) + (1,) * (len(x.shape) - 2)
     scale = P.rsqrt(P.add(var, eps))
-    out = P.mul(P.sub(x, P.reshape(mean, shape)), P.reshape(scale, shape))
+    scale = scale if w is None else P.mul(scale, w)
+    shift = P.neg(P.mul(mean, scale))
+    shift = shift if b is None else P.add(shift, b)
     saved = Unavailable("batch-norm saved statistics")
-    return _affine(out, w, b, shape), saved, saved
+    return P.add(P.mul(x, P.reshape(scale, shape)), P.reshape(shift, shape)), saved, saved
 
 
 def _native_batch_norm(ctx: Ctx, x, w, b, mean, var, training: bool, momentum: float, eps: float):

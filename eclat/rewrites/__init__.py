@@ -115,6 +115,7 @@ def _optimize_one(graph: Graph, target: str, k: int, time_limit: float, node_lim
     if merges:  # every group merges in one step (the next ones find it done); then recognise the merged
         sat.run(merges, max_chunks=3)
         sat.run(main)
+        sat.run(list(registry.AFTER_MERGE), max_chunks=2)
     sat.run(list(FUSION), max_chunks=3)
     data = read_egraph(sat.egraph, enc.attrs)
     cost = costs(data, enc.attrs, roof=roof)

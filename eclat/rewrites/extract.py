@@ -38,6 +38,7 @@ from .lang import CTORS, SAME_SHAPE
 # per-element work of the ops that are not products, in peak-FLOP equivalents: a product
 # runs at the FMA peak, an elementwise op or a reduction step reaches a fraction of it
 OP_FLOPS = 4.0
+LOAD_FLOPS = 0.5  # per element and operand read (not a constant) by an elementwise op or a norm
 TRANSCENDENTAL_FLOPS = 20.0
 FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one kernel, ops per element
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
@@ -262,6 +263,8 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False, roof: Roofli
     leaves |= {c for node, c, kids in zip(data.nodes, data.node_class, data.children)
                if not copy_leaves and node[0] == "View" and kids[0] in leaves}
     operands = _product_operands(data)
+    fills = {c for node, c in zip(data.nodes, data.node_class) if node[0] == "Fill"}
+    loaded = ELEMENTWISE | set(FUSED_REDUCTIONS)
 
     def one(n: int, node: tuple, c: int, kids: list[int]) -> float:
         if c not in data.info or any(k not in data.info for k in kids):
@@ -272,6 +275,9 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False, roof: Roofli
             return 0.0
         shapes = [data.info[k] for k in kids]
         own = node_cost(node, data.info[c], shapes, attrs, roof)
+        if node[0] in loaded:  # an FMA reading a scale and a shift costs more than an add reading one
+            reads = sum(1 for k in kids if k not in fills)
+            own += roof.time(LOAD_FLOPS * reads * numel(data.info[c][0]), 0.0, kernel=False)
         if c in operands and node[0] not in BOUNDARY and node[0] not in QUIET:
             # grouping materialises a computed operand of a product (else every tile recomputes it)
             own += node_cost(("Contiguous",), data.info[c], [], attrs, roof)

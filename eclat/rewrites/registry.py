@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from . import algebra, contraction, fusion, layout, merge, onehot, recognition
+from . import affine, algebra, contraction, fusion, layout, merge, onehot, recognition
 from .lang import RuleSet
 
 # stages run in order, each to saturation or to the limits; targets join after the first
 STAGES: tuple[RuleSet, ...] = (algebra.RULES, recognition.RULES, layout.RULES)
-EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE, contraction.RULES)
+EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE, contraction.RULES, affine.RULES)
 FUSION: tuple[RuleSet, ...] = (fusion.RULES,)
 # multi-patterns, run once after recognition (as Tensat does: they grow the e-graph by pairs);
 # () turns horizontal merges off
 MERGE: tuple[RuleSet, ...] = (merge.RULES,)
+# after the merges: a merged product's shared operand still carries its norm's scale
+AFTER_MERGE: tuple[RuleSet, ...] = (affine.RULES,)
 
 # recognition before layout: layout lays out the operand views the matmul plans create; merge
 # after the matmul plans (it adds its own) and before the fillers that cover every view;
 # shapes last: they cover the views and leaves the others create
 ORACLE_FILLERS = (recognition.fill_matmul, merge.fill_merge, contraction.fill_contraction,
+                  affine.fill_affine,
                   recognition.fill_broadcasts, onehot.fill_gather, layout.fill_layout, algebra.fill_sums,
                   algebra.fill_shapes)
 
@@ -41,4 +44,5 @@ def all_rulesets() -> list[RuleSet]:
     return out
 
 
-__all__ = ["STAGES", "EXPLOSIVE", "FUSION", "MERGE", "ORACLE_FILLERS", "all_rulesets", "backend_rules"]
+__all__ = ["STAGES", "EXPLOSIVE", "FUSION", "MERGE", "AFTER_MERGE", "ORACLE_FILLERS", "all_rulesets",
+           "backend_rules"]
