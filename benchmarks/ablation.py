@@ -1,8 +1,9 @@
 """What the e-graph buys, workload by workload: each benchmark workload compiled with the rewrites
 off (the lowered graph grouped into kernels directly) and on (the e-graph's candidates, searched),
-both with the same autotuning, timed in turns in one process.
+both with the same autotuning, timed in turns in one process. With --without merges, "off" is the
+e-graph without its horizontal merge rules (registry.MERGE) instead.
 
-    python benchmarks/ablation.py --threads 1 [--only mlp_b1,llama_step1] [--out ablation.md]
+    python benchmarks/ablation.py --threads 1 [--only mlp_b1,llama_step1] [--without merges] [--out x.md]
 
 Reports each program's median time, its kernel count and the bytes its kernels move (the
 roofline's count: every buffer a kernel reads or writes, once per kernel).
@@ -31,22 +32,27 @@ from run import WORKLOADS, time_interleaved  # noqa: E402
 import eclat  # noqa: E402
 from eclat.backends.cpu import host  # noqa: E402
 from eclat.compiler import pipeline  # noqa: E402
+from eclat.rewrites import registry  # noqa: E402
 
 
-def _compile(model: torch.nn.Module, inputs: tuple, threads: int, autotune: str, rewrites: bool) -> Any:
-    """eclat.compile, with the e-graph's candidates replaced by the lowered graph when rewrites is
-    False (a cache directory of its own: the program cache would hand back the other's program).
-    Without rewrites the compiler's own check is off (interpreting the lowered graph materialises
-    every broadcast product: 4 GB for matmul_1024); main compares its outputs with the other's."""
-    original = pipeline._candidates
-    if not rewrites:
+def _compile(model: torch.nn.Module, inputs: tuple, target: str, threads: int, autotune: str,
+             without: str | None) -> Any:
+    """eclat.compile, with the e-graph's candidates replaced by the lowered graph when without is
+    "rewrites", or the merge rules left out when it is "merges" (a cache directory of its own: the
+    program cache would hand back the other's program). Without rewrites the compiler's own check
+    is off (interpreting the lowered graph materialises every broadcast product: 4 GB for
+    matmul_1024); main compares its outputs with the other's."""
+    original, merges = pipeline._candidates, registry.MERGE
+    if without == "rewrites":
         pipeline._candidates = lambda graph, target, k, device=None: ([graph], {})
+    elif without == "merges":
+        registry.MERGE = ()
     try:
         with tempfile.TemporaryDirectory() as cache:
-            return eclat.compile(model, inputs, target="cpu", threads=threads, autotune=autotune,
-                                 cache_dir=cache, quiet=True, verify=rewrites)
+            return eclat.compile(model, inputs, target=target, threads=threads, autotune=autotune,
+                                 cache_dir=cache, quiet=True, verify=without != "rewrites")
     finally:
-        pipeline._candidates = original
+        pipeline._candidates, registry.MERGE = original, merges
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,13 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", default="")
     p.add_argument("--autotune", choices=("none", "fast", "full"), default="fast")
+    p.add_argument("--without", choices=("rewrites", "merges"), default="rewrites")
+    p.add_argument("--target", default="cpu")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     wanted = set(filter(None, args.only.split(",")))
     d = host.description()
     lines = [f"host: {d['cpu']} ({d['vector_unit']}, {d['lanes']} float32 lanes), threads={args.threads}, "
-             f"autotune={args.autotune}", "",
+             f"autotune={args.autotune}, target={args.target}, off = without {args.without}", "",
              "| workload | off ms | off kernels | off MB moved | on ms | on kernels | on MB moved | off/on |",
              "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
@@ -71,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         model, inputs = w.make()
         model.eval()
         arrays = [x.numpy() for x in inputs]
-        runs = {side: _compile(model, inputs, args.threads, args.autotune, side == "on")
-                for side in ("off", "on")}
+        runs = {side: _compile(model, inputs, args.target, args.threads, args.autotune, without)
+                for side, without in (("off", args.without), ("on", None))}
         outs = {side: c(*arrays) for side, c in runs.items()}
         outs = {side: o if isinstance(o, list) else [o] for side, o in outs.items()}
         for got, want in zip(outs["off"], outs["on"]):
