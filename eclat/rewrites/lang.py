@@ -34,9 +34,9 @@ CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "View": ("view", ("T", "attr")),
     # composites of eclat.rewrites.composites
     "Matmul": ("matmul", ("T", "T")), "Fma": ("fma", ("T", "T", "T")), "Rsqrt": ("rsqrt", ("T",)),
-    "Softmax": ("softmax", ("T", "int")), "RmsNorm": ("rmsnorm", ("T", "int", "f64", "f64")),
+    "Softmax": ("softmax", ("T", "int", "int")), "RmsNorm": ("rmsnorm", ("T", "int", "f64", "f64")),
     "LayerNorm": ("layernorm", ("T", "T", "T", "int", "f64", "f64")),
-    "Attention": ("attention", ("T", "T", "T", "T", "int", "f64", "attr", "attr")),
+    "Attention": ("attention", ("T", "T", "T", "T", "int", "f64", "attr", "attr", "int")),
     # any other registered op, carried opaquely: attr = (op, arg, shape, dtype)
     "Op1": ("", ("attr", "T")), "Op2": ("", ("attr", "T", "T")), "Op3": ("", ("attr", "T", "T", "T")),
 }

@@ -113,7 +113,7 @@ def _attention_example(masked: bool, viewed: bool) -> Callable[[], Graph]:
     def example() -> Graph:
         """scores [2, 3, 5] of a batched product (written out as expand, multiply, sum), reshaped to
         [1, 2, 3, 5] as the frontend's 4-D attention does, or not; softmax and the second product
-        as the composites the other rules make."""
+        as the composites the other rules make (the masked softmax safe: its flag passes through)."""
         q, k, v = g.input_("q", (2, 3, 4)), g.input_("k", (2, 5, 4)), g.input_("v", (2, 5, 6))
         mask = g.input_("mask", (3, 5))
         kt = g.movement(k, lambda w: w.permute([0, 2, 1]))
@@ -123,7 +123,7 @@ def _attention_example(masked: bool, viewed: bool) -> Callable[[], Graph]:
         s = g.binary("mul", s, g.expand_to(g.const(0.5), s.shape))
         if masked:
             s = g.binary("add", s, g.expand_to(mask, s.shape))
-        p = g.view(softmax(s, -1), View.contiguous(s.shape).reshape((2, 3, 5)))  # as the matmul rule reads it
+        p = g.view(softmax(s, -1, masked), View.contiguous(s.shape).reshape((2, 3, 5)))  # as matmul reads it
         return Graph([q, k, v, mask] if masked else [q, k, v], [matmul(p, v)], {})
     return example
 
@@ -139,7 +139,7 @@ def _example() -> Graph:
 def _attention_rules() -> list[Rule]:
     """softmax(q @ kt * scale (+ mask)) @ v. The scores are a product still in its Sum form (its
     class holds the Matmul): read directly, or through the frontend's reshape when the product's
-    own output view is contiguous."""
+    own output view is contiguous. The softmax's safe flag f becomes the composite's."""
     mm = ("(= a2 (mm_a va vb k))", "(= b2 (mm_b va vb k))", "(= o (mm_o va vb k))")
     prod = "(Sum (Mul (View x va) (View y vb)) k)"
     out = []
@@ -150,8 +150,8 @@ def _attention_rules() -> list[Rule]:
             body = f"(Add (Mul {scores} (Fill c d s)) m)" if masked else f"(Mul {scores} (Fill c d s))"
             mask = "m" if masked else "(Fill 0.0 d s)"
             out.append(Rule(f"attention{'' if masked else '-unmasked'}{'' if viewed else '-direct'}",
-                            f"(Matmul (View (Softmax {body} r) vp) v)",
-                            f"(Attention (View x a2) (View y b2) v {mask} r c {vs} vp)", when,
+                            f"(Matmul (View (Softmax {body} r f) vp) v)",
+                            f"(Attention (View x a2) (View y b2) v {mask} r c {vs} vp f)", when,
                             example=_attention_example(masked, viewed)))
     return out
 
@@ -215,7 +215,7 @@ def _softmax_rules() -> list[Rule]:
         for sname, (lhs, sfacts) in _SOFTMAX_SUM.items():
             name = "softmax" if (mname, sname) == ("keep", "keep") else f"softmax-{mname}-max-{sname}-sum"
             facts = (e, "(> c 1.44269)", "(< c 1.4427)", *mfacts, *sfacts)
-            out.append(Rule(name, lhs, "(Softmax s r)", facts, example=_softmax_example(mname, sname)))
+            out.append(Rule(name, lhs, "(Softmax s r 0)", facts, example=_softmax_example(mname, sname)))
     return out
 
 
