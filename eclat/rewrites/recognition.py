@@ -4,16 +4,25 @@ one axis, where each operand is broadcast along a different axis, is a (batched)
 Which axes play batch / M / N / K is View arithmetic, so Python plans it (`plan_matmul`)
 for every Sum(Mul(View, View)) of the graph, both operand orders, and the egglog rule
 reads the plan from the oracle tables mm_a / mm_b / mm_o.
+
+Then softmax, RMS and layer norm, and attention: softmax(q @ k^T * scale + mask) @ v as people
+write it, and as torch's scaled_dot_product_attention decomposes (q and k^T scaled before the
+product, a safe softmax that gives 0 on a row of -inf).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+import numpy as np
+
 from ..ir import graph as g
+from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
 from ..ir.symbolic import as_int
 from ..ir.view import View
+from .algebra import FRESH
 from .composites import LOG2E, center, layernorm, matmul, rmsnorm, softmax
 from .lang import Rule, RuleSet
 from .onehot import RULES as ONEHOT
@@ -139,7 +148,7 @@ def _example() -> Graph:
 def _attention_rules() -> list[Rule]:
     """softmax(q @ kt * scale (+ mask)) @ v. The scores are a product still in its Sum form (its
     class holds the Matmul): read directly, or through the frontend's reshape when the product's
-    own output view is contiguous. The softmax's safe flag f becomes the composite's."""
+    own output view is contiguous. The softmax's safe flag f (SAFE_SOFTMAX) becomes the composite's."""
     mm = ("(= a2 (mm_a va vb k))", "(= b2 (mm_b va vb k))", "(= o (mm_o va vb k))")
     prod = "(Sum (Mul (View x va) (View y vb)) k)"
     out = []
@@ -221,6 +230,102 @@ def _softmax_rules() -> list[Rule]:
 
 SOFTMAX = _softmax_rules()
 
+# --- scaled_dot_product_attention: its operand scales and its safe softmax -------------------------
+
+# torch's decomposition scales q and k^T each by sqrt(scale) before the product: (x a) @ (y b) is
+# (x @ y) * ab, the scores' form the attention rules read (read through the frontend's reshape or not)
+_SCALED_PRODUCT = "(Sum (Mul (View (Mul x (Fill a d s1)) va) (View (Mul y (Fill b d s2)) vb)) k)"
+_PRODUCT = "(Sum (Mul (View x va) (View y vb)) k)"
+
+
+def _scaled_product_example(viewed: bool) -> Callable[[], Graph]:
+    def example() -> Graph:
+        q, k = g.input_("q", (2, 3, 4)), g.input_("k", (2, 5, 4))
+        scaled = lambda t, c: g.binary("mul", t, g.expand_to(g.const(c), t.shape))
+        kt = scaled(g.movement(k, lambda w: w.permute([0, 2, 1])), 0.25)
+        s = g.decompose_composites(Graph([q, k], [matmul(scaled(q, 0.5), kt)], {})).outputs[0]
+        return Graph([q, k], [g.movement(s, lambda w: w.reshape((1, 2, 3, 5))) if viewed else s], {})
+    return example
+
+
+# (the mm plan only confines the rule to products; s3 from the types analysis: egglog 13.2 mis-joins
+# this rule given both (mm_a va vb k) and (drop (vshape va) k), binding the second scale to the first's)
+_SCALES_WHEN = ("(= a2 (mm_a va vb k))", "(FloatDT d)", "(= s3 (shp __e))", FRESH)
+PRODUCT_SCALES = [
+    Rule(name, lhs, f"(Mul {rhs} (Fill (* a b) d s3))", _SCALES_WHEN, example=_scaled_product_example(viewed))
+    for name, lhs, rhs, viewed in (
+        ("product-scales", f"(View {_SCALED_PRODUCT} vs)", f"(View {_PRODUCT} vs)", True),
+        ("product-scales-direct", _SCALED_PRODUCT, _PRODUCT, False))
+]
+
+
+# torch's safe softmax: where(not any(s != -inf, r, keepdim), 0, softmax(s)), a row of -inf giving 0
+# where softmax gives NaN, spelled as the frontend lowers it: every comparison with its NaN checks
+# (isnan(x) = not (x < inf or -inf < x)), the -inf operand's own (a scalar, broadcast), and `any`
+# as max_reduce(cast(x, int64) != 0). b, i and d: the bool, index and float dtypes; sh, sk and z:
+# the scores', the kept row's and a scalar's shapes.
+def _not(x: str, sh: str) -> str:
+    return f"(Where {x} (Fill 0.0 b {sh}) (Fill 1.0 b {sh}))"
+
+
+def _or(x: str, y: str, sh: str) -> str:
+    return f"(Where {x} (Fill 1.0 b {sh}) {y})"
+
+
+def _ne(x: str, y: str, sh: str, nans: tuple[str, ...]) -> str:
+    """x != y as the frontend writes it: not eq, where eq = not (x < y or y < x), then False where
+    x or y is NaN (nans: their isnan, for float operands)."""
+    eq = _not(_or(f"(Lt {x} {y})", f"(Lt {y} {x})", sh), sh)
+    for nan in nans:
+        eq = f"(Where {nan} (Fill 0.0 b {sh}) {eq})"
+    return _not(eq, sh)
+
+
+def _isnan(x: str, sh: str) -> str:
+    return _not(_or(f"(Lt {x} (Fill inf d {sh}))", f"(Lt (Fill -inf d {sh}) {x})", sh), sh)
+
+
+def _safe_guard() -> str:
+    """not any(s != -inf, r, keepdim), broadcast back along r."""
+    nans = (_isnan("s", "sh"), f"(View {_isnan('(Fill -inf d z)', 'z')} vn)")
+    unmasked = _ne("s", "(Fill -inf d sh)", "sh", nans)
+    live = f"(View (MaxReduce {_ne(f'(Cast {unmasked} i)', '(Fill 0.0 i sh)', 'sh', ())} r) vk)"
+    return f"(View {_not(live, 'sk')} ve)"
+
+
+def _safe_softmax_example() -> Graph:
+    """The guard built as the frontend builds it, on scores x + mask whose second row is -inf
+    throughout (there the guard gives 0, and softmax NaN)."""
+    x, full, r = g.input_("x", (2, 3, 5)), (2, 3, 5), 2
+    mask = np.zeros((3, 5), np.float32)
+    mask[1] = -np.inf
+    s = g.binary("add", x, g.expand_to(g.weight("mask", mask, DType.float32), full))
+    c = lambda v, dtype, shape: g.expand_to(g.const(v, dtype), shape)
+    lt = lambda a, b: g.binary("lt", a, b)
+    n = lambda t: g.where(t, c(False, DType.bool, t.shape), c(True, DType.bool, t.shape))
+    o = lambda t, u: g.where(t, c(True, DType.bool, t.shape), u)
+    isnan = lambda t: n(o(lt(t, c(math.inf, t.dtype, t.shape)), lt(c(-math.inf, t.dtype, t.shape), t)))
+
+    def ne(a: Node, b: Node, nans: tuple[Node, ...]) -> Node:
+        eq = n(o(lt(a, b), lt(b, a)))
+        for nan in nans:
+            eq = g.where(nan, c(False, DType.bool, full), eq)
+        return n(eq)
+
+    ninf = c(-math.inf, DType.float32, full)
+    unmasked = ne(s, ninf, (isnan(s), g.expand_to(isnan(g.const(-math.inf)), full)))
+    live = ne(g.cast(unmasked, DType.int64), c(0, DType.int64, full), ())
+    kept = g.movement(g.reduce("max_reduce", live, r), lambda v: v.reshape((2, 3, 1)))
+    guard = g.movement(n(kept), lambda v: v.expand(full))
+    out = g.where(guard, c(0.0, DType.float32, full), softmax(s, r))
+    return Graph([x], [out], {"mask": mask})
+
+
+SAFE_SOFTMAX = Rule("safe-softmax", f"(Where {_safe_guard()} (Fill 0.0 d sh) (Softmax s r 0))",
+                    "(Softmax s r 1)", ("(= 1 (keep vk r))", "(= 1 (spread ve r))"),
+                    example=_safe_softmax_example)
+
+
 RULES = RuleSet("recognition", (
     Rule("matmul", "(Sum (Mul (View x va) (View y vb)) r)", "(View (Matmul (View x a2) (View y b2)) o)",
          ("(= a2 (mm_a va vb r))", "(= b2 (mm_b va vb r))", "(= o (mm_o va vb r))"), example=_example),
@@ -236,6 +341,8 @@ RULES = RuleSet("recognition", (
          "(LayerNorm x w (Fill 0.0 d s) r a e)", example=_affine_example(True)),
     Rule("layernorm-shift", "(Add (LayerNorm x w (Fill 0.0 d s) r a e) b)", "(LayerNorm x w b r a e)",
          example=_affine_example(False)),
+    *PRODUCT_SCALES,
+    SAFE_SOFTMAX,
     *ATTENTION,
     *ONEHOT,
 ))
