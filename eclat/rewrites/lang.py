@@ -46,6 +46,7 @@ ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "sp
            "vshape": 1, "contig": 1, "leafshape": 1, "bsum": 4, "unmasked": 1, "unexplored": 1,
            "cat": 4, "catx": 3, "catw": 1, "part": 3,  # horizontal merges (merge.py)
            "mmid": 4, "ub_a": 2, "ub_b": 2, "ub_o": 2,  # contraction.py
+           "late_o": 6, "late_row": 6,  # recognition.py: a product normalised after it
            **{name: 8 for name in ("g_idx", "g_out", "g_cond", "g_ishape", "g_gshape", "g_idt", "g_n")}}
 
 

@@ -6,8 +6,9 @@ for every Sum(Mul(View, View)) of the graph, both operand orders, and the egglog
 reads the plan from the oracle tables mm_a / mm_b / mm_o.
 
 Then softmax, RMS and layer norm, and attention: softmax(q @ k^T * scale + mask) @ v as people
-write it, and as torch's scaled_dot_product_attention decomposes (q and k^T scaled before the
-product, a safe softmax that gives 0 on a row of -inf).
+write it, as torch's scaled_dot_product_attention decomposes (q and k^T scaled before the product,
+a safe softmax that gives 0 on a row of -inf), and with the normalisation after the product with v
+(whether the rows line up is View arithmetic again: `plan_late`, oracles late_o / late_row).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import numpy as np
 from ..ir import graph as g
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
-from ..ir.symbolic import as_int
-from ..ir.view import View
+from ..ir.symbolic import as_int, sym_eq
+from ..ir.view import View, compose
 from .algebra import FRESH
 from .composites import LOG2E, center, layernorm, matmul, rmsnorm, softmax
 from .lang import Rule, RuleSet
@@ -193,7 +194,7 @@ def _broadcast(t: Node, axis: int, full: tuple, keepdim: bool) -> Node:
     return g.movement(t, lambda v: v.reshape(kept).expand(full))
 
 
-def _softmax_example(max_form: str, sum_form: str) -> Callable[[], Graph]:
+def _softmax_example(max_form: str, sum_form: str, scale: float = 1.0) -> Callable[[], Graph]:
     def example() -> Graph:
         x, r = g.input_("x", (2, 3, 5)), 2
         full = tuple(x.shape)
@@ -205,7 +206,7 @@ def _softmax_example(max_form: str, sum_form: str) -> Callable[[], Graph]:
         else:
             m = _broadcast(g.reduce("max_reduce", x, r), r, full, False)
             shifted = g.binary("add", x, g.unary("neg", m))
-        e = g.unary("exp2", g.binary("mul", shifted, g.expand_to(g.const(LOG2E), full)))
+        e = g.unary("exp2", g.binary("mul", shifted, g.expand_to(g.const(scale * LOG2E), full)))
         total = g.reduce("sum", e, r)
         if sum_form == "keep":
             kept = g.movement(total, lambda v: v.reshape((2, 3, 1)))
@@ -225,6 +226,14 @@ def _softmax_rules() -> list[Rule]:
             name = "softmax" if (mname, sname) == ("keep", "keep") else f"softmax-{mname}-max-{sname}-sum"
             facts = (e, "(> c 1.44269)", "(< c 1.4427)", *mfacts, *sfacts)
             out.append(Rule(name, lhs, "(Softmax s r 0)", facts, example=_softmax_example(mname, sname)))
+    # exp(x * a) / sum(exp(x * a)) with no maximum subtracted: the frontend's log2(e) factor folds into
+    # a (algebra's mul-const-const), so the constant is not log2(e) but a * log2(e): softmax(x * a)
+    for sname, (lhs, sfacts) in _SOFTMAX_SUM.items():
+        facts = ("(= e (Exp2 (Mul s (Fill c d sh))))", "(FloatDT d)", f"(> (abs (- c {LOG2E})) 0.0001)",
+                 FRESH, *sfacts)
+        rhs = f"(Softmax (Mul s (Fill (/ c {LOG2E}) d sh)) r 0)"
+        out.append(Rule(f"softmax-scaled-{sname}-sum", lhs, rhs, facts,
+                        example=_softmax_example("none", sname, 0.125)))
     return out
 
 
@@ -326,6 +335,93 @@ SAFE_SOFTMAX = Rule("safe-softmax", f"(Where {_safe_guard()} (Fill 0.0 d sh) (So
                     example=_safe_softmax_example)
 
 
+# --- a product normalised after it: (e @ v) / sum(e, -1, keepdim) = (e / sum(e, -1, keepdim)) @ v -----
+
+def plan_late(va: View, vb: View, k: int, vo: View | None, shape: tuple) -> tuple[View, View] | None:
+    """(w, row) with view(sum_k(view(e, va) * view(v, vb)), vo) divided by e's row sums (over its last
+    axis, broadcast along the output's last axis) == view(matmul(view(e / view(rowsum(e), row), a2),
+    view(v, b2)), w), (a2, b2, o) the product's matmul plan and e of `shape`; vo None: the product
+    read as it is. None unless the rows line up: a2 reads e's rows whole and in order, and the output
+    reads the product's rows in order, its last axis last."""
+    plan = plan_matmul(va, vb, k)
+    if plan is None or not shape:
+        return None
+    a2, b2, o = plan
+    w = o if vo is None else compose(o, vo)
+    if w is None or not a2.is_contiguous or not sym_eq(a2.shape[-1], shape[-1]) or not w.is_contiguous:
+        return None
+    if len(w.shape) != len(shape) or not sym_eq(w.shape[-1], b2.shape[-1]):
+        return None
+    return w, View.contiguous((*shape[:-1], 1)).expand(shape)
+
+
+def fill_late(enc) -> list[tuple[str, tuple[int, ...], int]]:
+    """late_o / late_row(va, vb, k, vo, r, shape of e) = plan_late's views, for every product of
+    the graph (both operand orders), read directly (vo = -1) or through each view of it; r is e's
+    last axis. (From the graph's nodes: the terms do not carry e's shape.)"""
+    nodes = enc.graph.nodes()
+    reads: dict[int, list[View]] = {}
+    for n in nodes:
+        if n.op == "view":
+            reads.setdefault(id(n.srcs[0]), []).append(n.arg)
+    out = []
+    for n in nodes:
+        if n.op != "sum" or n.srcs[0].op != "mul" or any(x.op != "view" for x in n.srcs[0].srcs):
+            continue
+        x, y = n.srcs[0].srcs
+        for ev, vv in ((x, y), (y, x)):
+            shape = tuple(ev.srcs[0].shape)
+            for vo in (None, *reads.get(id(n), ())):
+                plan = plan_late(ev.arg, vv.arg, n.arg, vo, shape)
+                if plan is not None:
+                    read = -1 if vo is None else enc.view_id(vo)
+                    key = (enc.view_id(ev.arg), enc.view_id(vv.arg), n.arg, read, len(shape) - 1,
+                           enc.shape_id(shape))
+                    out += [(name, key, enc.view_id(v)) for name, v in zip(("late_o", "late_row"), plan)]
+    return out
+
+
+def _late_example(viewed: bool, keepdim: bool) -> Callable[[], Graph]:
+    def example() -> Graph:
+        """(e @ v) / e.sum(-1, keepdim=True): e [2, 3, 5] and the product as they are, or e [1, 2, 3, 5]
+        and the product reshaped to 3-D and back, as the frontend's 4-D matmul does."""
+        e, v = g.input_("e", (1, 2, 3, 5) if viewed else (2, 3, 5)), g.input_("v", (2, 5, 6))
+        e3 = g.movement(e, lambda w: w.reshape((2, 3, 5)))
+        num = g.decompose_composites(Graph([e, v], [matmul(e3, v)], {})).outputs[0]
+        if viewed:
+            num = g.movement(num, lambda w: w.reshape((1, 2, 3, 6)))
+        r, full = len(e.shape) - 1, tuple(num.shape)
+        total = g.reduce("sum", e, r)
+        if keepdim:  # 1 / total, then broadcast (torch's e / e.sum(-1, keepdim=True) may come either way)
+            kept = g.movement(total, lambda w: w.reshape((*full[:-1], 1)))
+            inv = g.movement(g.unary("recip", kept), lambda w: w.expand(full))
+        else:
+            inv = g.unary("recip", _broadcast(total, r, full, False))
+        return Graph([e, v], [g.binary("mul", num, inv)], {})
+    return example
+
+
+def _late_rules() -> list[Rule]:
+    dens = {"bcast": ("(Recip (View (Sum e r) ve))", ("(= 1 (spread ve r))",)),
+            "keep": ("(View (Recip (View (Sum e r) vk)) ve)", ("(= 1 (keep vk r))", "(= 1 (spread ve r))"))}
+    prod = "(Sum (Mul (View e va) (View v vb)) k)"
+    # e normalised first, in softmax's bcast-sum form
+    rhs = "(View (Matmul (View (Mul e (Recip (View (Sum e r) row))) a2) (View v b2)) w)"
+    out = []
+    for viewed in (True, False):
+        num, vo = (f"(View {prod} vo)", "vo") if viewed else (prod, "-1")
+        for dname, (den, facts) in dens.items():
+            key = f"va vb k {vo} r se"
+            when = ("(= se (shp e))", f"(= w (late_o {key}))", f"(= row (late_row {key}))",
+                    "(= a2 (mm_a va vb k))", "(= b2 (mm_b va vb k))", *facts)
+            name = f"late-normalised{'' if viewed else '-direct'}-{dname}"
+            out.append(Rule(name, f"(Mul {num} {den})", rhs, when,
+                            example=_late_example(viewed, dname == "keep")))
+    return out
+
+
+LATE = _late_rules()
+
 RULES = RuleSet("recognition", (
     Rule("matmul", "(Sum (Mul (View x va) (View y vb)) r)", "(View (Matmul (View x a2) (View y b2)) o)",
          ("(= a2 (mm_a va vb r))", "(= b2 (mm_b va vb r))", "(= o (mm_o va vb r))"), example=_example),
@@ -343,6 +439,7 @@ RULES = RuleSet("recognition", (
          example=_affine_example(False)),
     *PRODUCT_SCALES,
     SAFE_SOFTMAX,
+    *LATE,
     *ATTENTION,
     *ONEHOT,
 ))
