@@ -1,15 +1,21 @@
-"""Recognition on what the frontend emits: one-hot products as gathers, layer norm, attention."""
+"""Recognition on what the frontend emits: one-hot products as gathers, layer norm, attention
+(scaled_dot_product_attention's safe softmax and a normalisation after the product included)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
+import eclat
 from eclat.frontend.lower import lower
+from eclat.ir import graph as g
+from eclat.ir.graph import Graph
 from eclat.ir.interpreter import run
-from eclat.rewrites import optimize
+from eclat.rewrites import composites, optimize
 
 
 class OneHotEmbedding(nn.Module):
@@ -128,3 +134,107 @@ def test_softmax_is_recognised_however_it_is_spelled(spelling):
     best = optimize(graph, "cpu", k=2).candidates[0]
     assert best.op_counts() == {"input": 1, "softmax": 1}
     np.testing.assert_allclose(run(best, [x.numpy()])[0], torch.softmax(x, -1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+class _Sdpa(nn.Module):
+    """Attention spelled as torch's scaled_dot_product_attention (no mask, causal, a boolean or an
+    additive mask, an explicit scale), by hand, or normalised after the product with v."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, q, k, v, mask):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        s = q @ k.transpose(-1, -2) / 8
+        return {
+            "plain": lambda: sdpa(q, k, v),
+            "causal": lambda: sdpa(q, k, v, is_causal=True),
+            "boolmask": lambda: sdpa(q, k, v, attn_mask=mask > 0, scale=0.3),
+            "addmask": lambda: sdpa(q, k, v, attn_mask=mask),
+            "hand": lambda: torch.softmax(s + mask, -1) @ v,
+            "late": lambda: (torch.exp(s) @ v) / torch.exp(s).sum(-1, keepdim=True),
+            "late-max": lambda: (torch.exp(s - s.amax(-1, keepdim=True)) @ v)
+            / torch.exp(s - s.amax(-1, keepdim=True)).sum(-1, keepdim=True),
+        }[self.kind]()
+
+
+SDPA = ("plain", "causal", "boolmask", "addmask")
+
+
+def _sdpa_inputs(seed: int, big: bool = False) -> tuple[torch.Tensor, ...]:
+    """q, k, v [1, 4, 16, 64] and a [16, 16] mask whose row 3 is masked throughout (boolean: no
+    entry above 0; additive: -inf); big: scores around 1e4 (torch's softmax subtracts the row max)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 4, 16, 64, generator=gen) for _ in range(3))
+    if big:
+        q, k = q * 100, k * 100
+    mask = torch.randn(16, 16, generator=gen)
+    mask[3] = -math.inf
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("kind", [*SDPA, "hand", "late", "late-max"])
+def test_attention_however_it_is_spelled(kind: str):
+    model = _Sdpa(kind)
+    example = _sdpa_inputs(0)
+    best = optimize(lower(model, example), "cpu", k=2).candidates[0]
+    counts = best.op_counts()
+    assert counts["attention"] == 1, counts
+    assert not {"softmax", "matmul", "exp2", "sum", "max_reduce", "mul"} & counts.keys(), counts
+    (att,) = [n for n in best.nodes() if n.op == "attention"]
+    assert att.arg[4] is (kind in SDPA)  # the safe softmax exactly where torch's decomposition has it
+    # late: exp(s) overflows in torch where the composite subtracts the row max (as softmax does)
+    cases = [_sdpa_inputs(1)] + ([] if kind == "late" else [_sdpa_inputs(2, big=True)])
+    fast = eclat.compile(model, example, target="cpu", autotune="none", k=1, quiet=True)
+    for args in cases:
+        with torch.no_grad():
+            want = model(*args)
+        if kind in SDPA:  # a fully masked row is 0, not NaN
+            assert not torch.isnan(want).any()
+        (got,) = run(best, [a.numpy() for a in args])
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)  # NaN rows (hand) equal too
+        torch.testing.assert_close(fast(*args), want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_safe_softmax_is_torchs_and_plain_softmax_keeps_nan():
+    """The composite's safe flag gives 0 on a row of -inf (torch's _safe_softmax, what the attention
+    decomposition uses); without it the row is NaN, as torch.softmax has it. The numpy reference and
+    the decomposition the kernels are grouped from agree on both, a NaN row and a partly masked one."""
+    x = np.random.default_rng(0).standard_normal((3, 4, 6)).astype(np.float32) * 10
+    x[1, 2] = -np.inf
+    x[2, 0, :5] = -np.inf
+    x[0, 3, :5], x[0, 3, 5] = -np.inf, np.nan  # not -inf throughout: NaN, safe or not
+    node = g.input_("x", x.shape)
+    for safe, torch_fn in ((False, torch.softmax), (True, torch.ops.aten._safe_softmax)):
+        graph = Graph([node], [composites.softmax(node, -1, safe)], {})
+        want = torch_fn(torch.from_numpy(x), -1).numpy()
+        assert np.isnan(want[1, 2]).all() != safe and np.isnan(want[0, 3]).all()
+        for program in (graph, g.decompose_composites(graph)):
+            np.testing.assert_allclose(run(program, [x])[0], want, rtol=1e-6, atol=1e-7)
+
+
+class _LateNorm(nn.Module):
+    """(e @ v) / sums of e that do not line up with the product's rows: e's column sums moved into
+    place, or its row sums dividing a product that reads e transposed."""
+
+    def __init__(self, spelling: str):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, s, v):
+        e = torch.exp(s)
+        if self.spelling == "column sums":
+            return (e @ v) / e.sum(-2, keepdim=True).transpose(-1, -2)
+        return (e.transpose(-1, -2) @ v) / e.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("spelling", ["column sums", "transposed product"])
+def test_normalisation_after_the_product_needs_the_rows_to_line_up(spelling: str):
+    s, v = torch.randn(2, 8, 8), torch.randn(2, 8, 8)
+    model = _LateNorm(spelling)
+    best = optimize(lower(model, (s, v)), "cpu", k=2).candidates[0]
+    assert "attention" not in best.op_counts() and "softmax" not in best.op_counts()
+    with torch.no_grad():
+        want = model(s, v).numpy()
+    np.testing.assert_allclose(run(best, [s.numpy(), v.numpy()])[0], want, rtol=1e-4, atol=1e-5)

@@ -104,9 +104,18 @@ def check_rule(rule: Rule, explosive: bool = False) -> RuleCheck:
         if got.shape != ref.shape:
             return RuleCheck(rule.name, 0, len(seen), 0, math.inf)
         rewritten += str(cand) != str(graph)
-        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
-        worst = max(worst, float(np.max(diff / (np.abs(ref) + 1e-3), initial=0.0)))
+        worst = max(worst, _error(got, ref))
     return RuleCheck(rule.name, sum(sat.matches.get("check", {}).values()), len(seen), rewritten, worst)
+
+
+def _error(got: np.ndarray, ref: np.ndarray) -> float:
+    """Largest relative error; a NaN or infinity on one side only (a safe softmax's zeros turned NaN,
+    say) is an infinite one, where plain arithmetic would drop it (max ignores NaN)."""
+    got, ref = got.astype(np.float64), ref.astype(np.float64)
+    same = (got == ref) | (np.isnan(got) & np.isnan(ref))
+    with np.errstate(invalid="ignore"):
+        err = np.abs(got - ref) / (np.abs(ref) + 1e-3)
+    return float(np.max(np.where(same, 0.0, np.nan_to_num(err, nan=np.inf)), initial=0.0))
 
 
 def check_merges(graph: Graph, seed: int = 0) -> tuple[Graph, int, float]:
@@ -130,5 +139,5 @@ def check_merges(graph: Graph, seed: int = 0) -> tuple[Graph, int, float]:
     for got, ref in zip(run(program, inputs), run(graph, inputs)):
         if got.shape != ref.shape:
             return program, taken, math.inf
-        worst = max(worst, float(np.max(np.abs(got - ref) / (np.abs(ref) + 1e-3), initial=0.0)))
+        worst = max(worst, _error(got, ref))
     return program, taken, worst

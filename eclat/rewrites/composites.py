@@ -5,28 +5,31 @@
   broadcast of a batch dim is an expand view on the operand). Sums over K in the operand dtype.
 - fma(a, b, c): a * b + c, elementwise, all operands one shape and dtype (may round once).
 - rsqrt(x): 1 / sqrt(x), elementwise, float.
-- softmax(x, axis): exp(x - max) / sum(exp(x - max)) along axis (arg = axis); exp as exp2 of
-  x * log2(e), as the frontend writes it.
+- softmax(x, axis, safe): exp(x - max) / sum(exp(x - max)) along axis (arg = (axis, safe)); exp as
+  exp2 of x * log2(e), as the frontend writes it. A row of -inf is NaN, as in torch.softmax; safe
+  makes it 0, as torch's scaled_dot_product_attention has it (its "safe softmax").
 - rmsnorm(x, axis, scale, eps): x / sqrt(sum(x * x along axis) * scale + eps), the sum
   broadcast back along axis (arg = (axis, scale, eps); scale is 1/n for a mean).
 - layernorm(x, w, b, axis, scale, eps): rmsnorm(x - sum(x along axis) * scale) * w + b, the
   mean broadcast back along axis; w and b have x's shape (a broadcast view of a [D] weight; a
   constant 1 / 0 when the norm has no affine part, which the decomposition leaves out).
-- attention(q, kt, v, mask, axis, scale, vs, vp): matmul(view(softmax(view(matmul(q, kt), vs) * scale
-  + mask, axis), vp), v) (arg = (axis, scale, vs, vp)); q [*B, M, K], kt [*B, K, N], v [*B', N', D],
-  mask of vs's shape (a constant 0 when there is none, left out by the decomposition). vs and vp
-  are the views the frontend puts around the softmax (usually unit-axis reshapes: a native kernel
-  checks that vp(vs) is the identity and axis the last one).
+- attention(q, kt, v, mask, axis, scale, vs, vp, safe): matmul(view(softmax(view(matmul(q, kt), vs) *
+  scale + mask, axis, safe), vp), v) (arg = (axis, scale, vs, vp, safe)); q [*B, M, K], kt [*B, K, N],
+  v [*B', N', D], mask of vs's shape (a constant 0 when there is none, left out by the
+  decomposition). vs and vp are the views the frontend puts around the softmax (usually unit-axis
+  reshapes: a native kernel checks that vp(vs) is the identity and axis the last one).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import numpy as np
 
 from ..ir import graph as g
+from ..ir.dtypes import DType
 from ..ir.graph import Node
 from ..ir.interpreter import bind_dims, read_view
 from ..ir.symbolic import sym_eq
@@ -86,24 +89,34 @@ def _keep_expand(t: Node, axis: int, full: tuple) -> tuple[Node, Callable[[Node]
     return kept, lambda x: g.movement(x, lambda v: v.expand(full))
 
 
-def softmax(x: Node, axis: int) -> Node:
+def softmax(x: Node, axis: int, safe: bool = False) -> Node:
     g.unary("exp2", x)
-    return Node("softmax", (x,), axis % len(x.shape), x.shape, x.dtype)
+    return Node("softmax", (x,), (axis % len(x.shape), bool(safe)), x.shape, x.dtype)
 
 
-def _decompose_softmax(node: Node) -> Node:
-    (x,), axis, full = node.srcs, node.arg, tuple(node.shape)
+def _softmax_prims(x: Node, axis: int, safe: bool) -> Node:
+    full = tuple(x.shape)
     m, expand = _keep_expand(g.reduce("max_reduce", x, axis), axis, full)
     shifted = g.binary("add", x, expand(g.unary("neg", m)))
     e = g.unary("exp2", g.binary("mul", shifted, g.expand_to(g.const(LOG2E, x.dtype), full)))
     total, _ = _keep_expand(g.reduce("sum", e, axis), axis, full)
-    return g.binary("mul", e, expand(g.unary("recip", total)))
+    out = g.binary("mul", e, expand(g.unary("recip", total)))
+    if not safe:
+        return out
+    # the row is -inf throughout where its max is -inf: not above -inf, yet below +inf (NaN is neither)
+    c = lambda v, dtype=x.dtype: g.expand_to(g.const(v, dtype), m.shape)
+    dead = g.where(g.binary("lt", c(-math.inf), m), c(False, DType.bool), g.binary("lt", m, c(math.inf)))
+    return g.where(expand(dead), g.expand_to(g.const(0.0, x.dtype), full), out)
 
 
 def _softmax_numpy(node: Node, x: np.ndarray) -> np.ndarray:
+    axis, safe = node.arg
     with np.errstate(all="ignore"):
-        e = np.exp2((x - np.max(x, axis=node.arg, keepdims=True)) * x.dtype.type(LOG2E))
-        return (e * np.reciprocal(np.sum(e, axis=node.arg, keepdims=True))).astype(node.dtype.np)
+        e = np.exp2((x - np.max(x, axis=axis, keepdims=True)) * x.dtype.type(LOG2E))
+        out = e * np.reciprocal(np.sum(e, axis=axis, keepdims=True))
+    if safe:
+        out = np.where(np.all(x == -np.inf, axis=axis, keepdims=True), x.dtype.type(0), out)
+    return out.astype(node.dtype.np)
 
 
 def rmsnorm(x: Node, axis: int, scale: float, eps: float) -> Node:
@@ -159,36 +172,38 @@ def _layernorm_numpy(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray) ->
     return (c * np.reciprocal(np.sqrt(ms)) * w + b).astype(node.dtype.np)
 
 
-def attention(q: Node, kt: Node, v: Node, mask: Node, axis: int, scale: float, vs: View, vp: View) -> Node:
+def attention(q: Node, kt: Node, v: Node, mask: Node, axis: int, scale: float, vs: View, vp: View,
+              safe: bool = False) -> Node:
     p = g.view(softmax(g.binary("add", g.view(matmul(q, kt), vs), mask), axis), vp)  # checks shapes
-    return Node("attention", (q, kt, v, mask), (axis % len(vs.shape), float(scale), vs, vp),
+    return Node("attention", (q, kt, v, mask), (axis % len(vs.shape), float(scale), vs, vp, bool(safe)),
                 (*p.shape[:-1], v.shape[-1]), q.dtype)
 
 
 def _decompose_attention(node: Node) -> Node:
-    (q, kt, v, mask), (axis, scale, vs, vp) = node.srcs, node.arg
+    (q, kt, v, mask), (axis, scale, vs, vp, safe) = node.srcs, node.arg
     s = g.binary("mul", g.view(matmul(q, kt), vs), g.expand_to(g.const(scale, q.dtype), vs.shape))
     s = s if _constant(mask, 0.0) else g.binary("add", s, mask)
-    return matmul(g.view(softmax(s, axis), vp), v)
+    return matmul(g.view(softmax(s, axis, safe), vp), v)
 
 
 def _attention_numpy(node: Node, q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray
                      ) -> np.ndarray:
-    axis, scale, vs, vp = node.arg
+    axis, scale, vs, vp, safe = node.arg
     env = bind_dims(SimpleNamespace(inputs=node.srcs), [q, kt, v, mask])
     t = q.dtype.type
     s = read_view(np.matmul(q, kt).reshape(-1), vs, env) * t(scale) + mask
-    p = _softmax_numpy(SimpleNamespace(arg=axis, dtype=node.dtype), s)
+    p = _softmax_numpy(SimpleNamespace(arg=(axis, safe), dtype=node.dtype), s)
     return np.matmul(read_view(p.reshape(-1), vp, env), v).astype(node.dtype.np)
 
 
 g.register("attention", "composite", _attention_numpy, decompose=_decompose_attention)
-g.register("softmax", "composite", _softmax_numpy, decompose=_decompose_softmax)
+g.register("softmax", "composite", _softmax_numpy,
+           decompose=lambda n: _softmax_prims(n.srcs[0], *n.arg))
 g.register("rmsnorm", "composite", _rmsnorm_numpy, decompose=_decompose_rmsnorm)
 g.register("layernorm", "composite", _layernorm_numpy, decompose=_decompose_layernorm)
 
 # the non-operand constructor arguments of a composite, from its node.arg
-COMPOSITE_ARGS: dict[str, Callable[[object], tuple]] = {"softmax": lambda a: (a,), "rmsnorm": tuple,
+COMPOSITE_ARGS: dict[str, Callable[[object], tuple]] = {"softmax": tuple, "rmsnorm": tuple,
                                                         "layernorm": tuple, "attention": tuple}
 _BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt, "softmax": softmax, "rmsnorm": rmsnorm,
              "layernorm": layernorm, "attention": attention}

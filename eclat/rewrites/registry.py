@@ -16,12 +16,12 @@ MERGE: tuple[RuleSet, ...] = (merge.RULES,)
 AFTER_MERGE: tuple[RuleSet, ...] = (affine.RULES,)
 
 # recognition before layout: layout lays out the operand views the matmul plans create; merge
-# after the matmul plans (it adds its own) and before the fillers that cover every view;
-# shapes last: they cover the views and leaves the others create
-ORACLE_FILLERS = (recognition.fill_matmul, merge.fill_merge, contraction.fill_contraction,
-                  affine.fill_affine,
-                  recognition.fill_broadcasts, onehot.fill_gather, layout.fill_layout, algebra.fill_sums,
-                  algebra.fill_shapes)
+# after the matmul plans (it adds its own) and before the fillers that cover every view (the
+# broadcasts filler reads fill_late's too); affine after the merges (it reads their plans); shapes
+# last: they cover the views and leaves the others create
+ORACLE_FILLERS = (recognition.fill_matmul, recognition.fill_late, merge.fill_merge,
+                  contraction.fill_contraction, affine.fill_affine, recognition.fill_broadcasts,
+                  onehot.fill_gather, layout.fill_layout, algebra.fill_sums, algebra.fill_shapes)
 
 
 def backend_rules(target: str) -> tuple[RuleSet, ...]:
