@@ -461,3 +461,24 @@ def test_layers_that_differ_only_in_weights_share_code():
     exe = CpuExecutable(program)
     functions = [f for f in exe.module.ir.functions if f.name.startswith("k")]
     assert len(functions) < len(program.kernels)
+
+
+@pytest.mark.parametrize("pool", [True, False], ids=["padded-pool", "padded-for-next-conv"])
+def test_a_product_read_through_a_mask_keeps_its_register_blocked_kernel(pool):
+    """relu(x @ w + b) read through a zero-padding mask (a convolution's output pooled with
+    padding, or padded for the next convolution): the product and its epilogue are one kernel the
+    backend register-blocks; the mask reads its result. Inlined into the masked reader, the
+    product's index unravels through the mask and it runs as a scalar loop (20x slower)."""
+    from eclat.rewrites.composites import matmul as matmul_composite
+
+    x = G.input_("x", (16, 24))
+    wv, bv = rand(24, 32), rand(32)
+    w, b = G.weight("w", wv, DType.float32), G.weight("b", bv, DType.float32)
+    act = G.binary("max", G.binary("add", matmul_composite(x, w), G.expand_to(b, (16, 32))),
+                   G.expand_to(G.const(0.0), (16, 32)))
+    padded = G.movement(act, lambda v: v.pad([(1, 1), (1, 1)]))  # [18, 34], zeros around
+    out = G.reduce("max_reduce", padded, 1) if pool else G.contiguous(padded)
+    program = check(G.Graph([x], [out], {"w": wv, "b": bv}), [rand(16, 24)], rtol=1e-4, atol=1e-5)
+    products = [k for k in program.kernels
+                if any(isinstance(r, Reduce) and r.op == "sum" for r in walk(k.body))]
+    assert len(products) == 1 and as_contraction(products[0]) is not None

@@ -15,7 +15,9 @@ for a kernel boundary), a gather table, or when inlining would recompute real wo
     with a user that is evaluated at least as often; of the rest, the innermost go
     first, since materialising them may make their users cheap;
   * a contraction (sum of a product of differently indexed factors) that shares its
-    kernel with another reduction: alone it is register-blocked by the backend.
+    kernel with another reduction: alone it is register-blocked by the backend;
+  * a matmul, with the elementwise ops after it, that a masked view reads (zero padding
+    for the next convolution or a pooling): `_products_before_masks`.
 
 These rules are applied until nothing changes. Weights become constant buffers.
 """
@@ -58,7 +60,8 @@ _COMPUTE_KINDS = {"unary", "binary", "ternary", "reduce", "gather", "composite"}
 
 def group(graph: Graph) -> Program:
     """Lower a primitive graph (composites allowed) to kernels over flat buffers."""
-    graph = decompose_composites(graph, keep={op for op in NATIVE_COMPOSITES if op in OPS})
+    keep = {op for op in NATIVE_COMPOSITES if op in OPS}
+    graph = decompose_composites(_products_before_masks(graph), keep=keep)
     nodes = graph.nodes()
     for n in nodes:
         if any(as_int(d) is None for d in n.shape):
@@ -74,6 +77,26 @@ def group(graph: Graph) -> Program:
             return grouping.program()
         chosen |= extra
     raise EclatError("kernel grouping did not converge")  # pragma: no cover
+
+
+def _products_before_masks(graph: Graph) -> Graph:
+    """graph with a `contiguous` between a matmul (with the elementwise ops fused after it) and a
+    masked view reading it: a convolution's output padded for the next one, or pooled with
+    padding. Inlined there, the product's index is unravelled through the mask and the backend can
+    no longer register-block it (a scalar loop, 20x slower); the padded copy costs one pass."""
+    carries: dict[int, bool] = {}  # node -> its fused value computes a matmul
+    new: dict[int, Node] = {}
+    for n in graph.nodes():
+        srcs = [new[id(s)] for s in n.srcs]
+        masked = n.op == "view" and n.arg.mask is not None
+        if masked and carries[id(n.srcs[0])]:
+            srcs = [Node("contiguous", (srcs[0],), None, srcs[0].shape, srcs[0].dtype)]
+        elementwise = n.kind in ("unary", "binary", "ternary") or n.op in ("fma", "cast")
+        fused = elementwise or (n.op == "view" and not masked)
+        carries[id(n)] = n.op == "matmul" or fused and any(carries[id(s)] for s in n.srcs)
+        same = all(a is b for a, b in zip(srcs, n.srcs))
+        new[id(n)] = n if same else Node(n.op, srcs, n.arg, n.shape, n.dtype)
+    return Graph(graph.inputs, [new[id(o)] for o in graph.outputs], graph.weights, graph.out_spec)
 
 
 def terms(e: Expr) -> list[tuple[int, Expr | None]]:
