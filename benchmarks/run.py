@@ -162,7 +162,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 10, sli
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, workloads: list[Workload] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated workload names")
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     runners = {"eclat": make_eclat_runner(args.autotune), "eager": run_eager,
                "torch.compile": run_torch_compile, "onnxruntime": run_onnxruntime}
     names = ["eclat"] + [p for p in args.peers.split(",") if p]
-    chosen = [w for w in WORKLOADS if not args.only or w.name in args.only.split(",")]
+    chosen = [w for w in workloads or WORKLOADS if not args.only or w.name in args.only.split(",")]
 
     from eclat.backends.cpu import host
 
