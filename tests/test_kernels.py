@@ -463,8 +463,9 @@ def test_layers_that_differ_only_in_weights_share_code():
     assert len(functions) < len(program.kernels)
 
 
+@pytest.mark.parametrize("composite", [True, False], ids=["matmul", "sum-of-product"])
 @pytest.mark.parametrize("pool", [True, False], ids=["padded-pool", "padded-for-next-conv"])
-def test_a_product_read_through_a_mask_keeps_its_register_blocked_kernel(pool):
+def test_a_product_read_through_a_mask_keeps_its_register_blocked_kernel(pool, composite):
     """relu(x @ w + b) read through a zero-padding mask (a convolution's output pooled with
     padding, or padded for the next convolution): the product and its epilogue are one kernel the
     backend register-blocks; the mask reads its result. Inlined into the masked reader, the
@@ -474,7 +475,8 @@ def test_a_product_read_through_a_mask_keeps_its_register_blocked_kernel(pool):
     x = G.input_("x", (16, 24))
     wv, bv = rand(24, 32), rand(32)
     w, b = G.weight("w", wv, DType.float32), G.weight("b", bv, DType.float32)
-    act = G.binary("max", G.binary("add", matmul_composite(x, w), G.expand_to(b, (16, 32))),
+    product = matmul_composite(x, w) if composite else matmul(x, w)
+    act = G.binary("max", G.binary("add", product, G.expand_to(b, (16, 32))),
                    G.expand_to(G.const(0.0), (16, 32)))
     padded = G.movement(act, lambda v: v.pad([(1, 1), (1, 1)]))  # [18, 34], zeros around
     out = G.reduce("max_reduce", padded, 1) if pool else G.contiguous(padded)

@@ -80,10 +80,11 @@ def group(graph: Graph) -> Program:
 
 
 def _products_before_masks(graph: Graph) -> Graph:
-    """graph with a `contiguous` between a matmul (with the elementwise ops fused after it) and a
-    masked view reading it: a convolution's output padded for the next one, or pooled with
-    padding. Inlined there, the product's index is unravelled through the mask and the backend can
-    no longer register-block it (a scalar loop, 20x slower); the padded copy costs one pass."""
+    """graph with a `contiguous` between a matmul or a sum of a product (with the elementwise ops
+    fused after it) and a masked view reading it: a convolution's output padded for the next one,
+    or pooled with padding. Inlined there, the product's index is unravelled through the mask and
+    the backend can no longer register-block it (a scalar loop, 20x slower); the padded copy costs
+    one pass."""
     carries: dict[int, bool] = {}  # node -> its fused value computes a matmul
     new: dict[int, Node] = {}
     for n in graph.nodes():
@@ -93,7 +94,8 @@ def _products_before_masks(graph: Graph) -> Graph:
             srcs = [Node("contiguous", (srcs[0],), None, srcs[0].shape, srcs[0].dtype)]
         elementwise = n.kind in ("unary", "binary", "ternary") or n.op in ("fma", "cast")
         fused = elementwise or (n.op == "view" and not masked)
-        carries[id(n)] = n.op == "matmul" or fused and any(carries[id(s)] for s in n.srcs)
+        product = n.op == "matmul" or (n.op == "sum" and n.srcs[0].op == "mul")  # or the frontend's form
+        carries[id(n)] = product or fused and any(carries[id(s)] for s in n.srcs)
         same = all(a is b for a, b in zip(srcs, n.srcs))
         new[id(n)] = n if same else Node(n.op, srcs, n.arg, n.shape, n.dtype)
     return Graph(graph.inputs, [new[id(o)] for o in graph.outputs], graph.weights, graph.out_spec)
