@@ -336,3 +336,19 @@ def only_exploration_cut_short(stopped: str) -> bool:
     """stats["stopped"] names the stages that did not saturate: none hit the e-node or time limit,
     and the simplifying stage (algebra's) saturated; exploring stages may stop at their chunk budget."""
     return not any(w in stopped for w in ("e-node limit", "time limit", "algebra"))
+
+
+def test_a_value_read_through_overlapping_windows_is_computed_once():
+    """exp2(x) read through windows of 9 (an im2col's overlap): fused into the windowed read it would
+    be computed 9 times per element; the extraction counts that (extract.evaluations) and the
+    e-graph holds the materialised alternative (fusion's materialise-rereads)."""
+    from eclat.ir.view import View
+
+    n, w = 1 << 16, 9
+    x = g.input_("x", (n + w - 1,))
+    windows = g.view(g.unary("exp2", x), View.make((n, w), (1, 1)))
+    graph = Graph([x], [g.reduce("sum", g.contiguous(windows), 1)], {})
+    best = optimize(graph, "cpu", k=4).candidates[0]
+    assert [(m.op, [s.op for s in m.srcs]) for m in best.nodes() if m.op in ("contiguous", "view")] == [
+        ("contiguous", ["exp2"]), ("view", ["contiguous"])]
+    assert_same(graph, best)

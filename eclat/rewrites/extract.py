@@ -398,11 +398,14 @@ def _order(data: EGraphData, choice: dict[int, int]) -> list[int]:
     return out[::-1]
 
 
-def evaluations(data: EGraphData, choice: dict[int, int]) -> dict[int, int]:
-    """How many kernels evaluate each chosen class: 1 for a boundary or an output, for a fused
-    value the number of distinct kernels that reach it through fused users; 0 for what only a
-    folded value reads."""
+def evaluations(data: EGraphData, choice: dict[int, int]) -> dict[int, float]:
+    """How often each chosen class is computed, per element: 1 for a boundary or an output; for a
+    fused value the number of distinct kernels that reach it through fused users, times how often
+    a kernel reads each element (a view reading overlapping windows, such as a 3x3 im2col, reads
+    each 9 times: an activation fused into it is computed 9 times); 0 for what only a folded value
+    reads."""
     kernels: dict[int, int] = {}  # class -> bitset of the kernels it is evaluated in
+    reads: dict[int, float] = {}  # class -> evaluations per element within a kernel
     roots = set(data.roots)
     bit = {c: 1 << i for i, c in enumerate(choice)}
     order = _order(data, choice)
@@ -410,11 +413,24 @@ def evaluations(data: EGraphData, choice: dict[int, int]) -> dict[int, int]:
         node = data.nodes[choice[c]]
         if node[0] in BOUNDARY or c in roots or not kernels.get(c):
             kernels[c] = bit[c]
+        if node[0] in BOUNDARY or c in roots:
+            reads[c] = 1.0
         if choice[c] not in data.folded:
             for k in data.children[choice[c]]:
                 kernels[k] = kernels.get(k, 0) | kernels[c]
+                again = reads.get(c, 1.0) * (_amplification(data, c, k) if node[0] == "View" else 1.0)
+                reads[k] = max(reads.get(k, 1.0), again)
     once = {c for c in order if data.nodes[choice[c]][0] in BOUNDARY or c in roots}
-    return {c: 1 if c in once else bin(kernels[c]).count("1") if c in kernels else 0 for c in choice}
+    return {c: 1.0 if c in once else bin(kernels[c]).count("1") * reads.get(c, 1.0) if c in kernels else 0.0
+            for c in choice}
+
+
+def _amplification(data: EGraphData, view: int, source: int) -> float:
+    """Elements a view reads per element of its source (above 1 where windows overlap or it
+    broadcasts)."""
+    if view not in data.info or source not in data.info:
+        return 1.0
+    return max(1.0, numel(data.info[view][0]) / max(1, numel(data.info[source][0])))
 
 
 def dag_cost(data: EGraphData, cost: list[float], choice: dict[int, int]) -> float:

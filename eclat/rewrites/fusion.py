@@ -1,11 +1,16 @@
 """Fusion: where values are materialised. `Contiguous` is a kernel boundary and equal to its
 operand, so wrapping an operand in it (materialise: the producer becomes its own kernel)
 or unwrapping it (fuse: the producer is computed inside the consumer's kernel) gives the
-candidate groupings. Views are excluded: the operand of a view must stay a buffer."""
+candidate groupings. Views are excluded, but for one that reads its operand's elements more than
+once (`materialise-rereads`: overlapping windows such as an im2col, or a broadcast): fused there,
+the operand's computation is repeated for every read (the extraction counts it, `extract.evaluations`)."""
 
 from __future__ import annotations
 
+import math
+
 from ..ir.dtypes import DType
+from ..ir.symbolic import as_int
 from ..ir.view import View
 from .lang import CTORS, Rule, RuleSet
 
@@ -37,7 +42,26 @@ def _rules(ctor: str) -> list[Rule]:
     return out
 
 
+def rereads(v: View) -> bool:
+    """Whether v reads some element of its operand more than once: more elements than the span of
+    addresses it reaches, or a broadcast axis."""
+    sizes, strides = [as_int(n) for n in v.shape], [as_int(s) for s in v.strides]
+    if v.mask is not None or None in sizes or None in strides:
+        return False
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(sizes, strides))
+    return math.prod(sizes) > span or any(s == 0 and n > 1 for n, s in zip(sizes, strides))
+
+
+def fill_rereads(enc) -> list[tuple[str, tuple[int, ...], int]]:
+    """rereads(v) = 1 for every view of the graph that reads an element more than once."""
+    return [("rereads", (i,), 1) for i, a in enumerate(enc.attrs) if isinstance(a, View) and rereads(a)]
+
+
+_WINDOWS = View.make((2, 2), (1, 1))  # [a, b, c] read as [[a, b], [b, c]]
+
 RULES = RuleSet("fusion", (
     Rule("contiguous-contiguous", "(Contiguous (Contiguous x0))", "(Contiguous x0)"),
+    Rule("materialise-rereads", "(View x0 v)", "(View (Contiguous x0) v)", ("(= 1 (rereads v))",),
+         example={"x0": (3,), "v": _WINDOWS}),
     *(r for c in FUSIBLE for r in _rules(c)),
 ))

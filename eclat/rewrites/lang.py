@@ -47,6 +47,7 @@ ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "sp
            "cat": 4, "catx": 3, "catw": 1, "part": 3,  # horizontal merges (merge.py)
            "mmid": 4, "ub_a": 2, "ub_b": 2, "ub_o": 2,  # contraction.py
            "mm_ow": 4, "scale_a": 5, "scale_b": 5, "vcomp": 2, "kscale_a": 3, "kscale_b": 3,  # affine.py
+           "rereads": 1,  # fusion.py
            "late_o": 6, "late_row": 6,  # recognition.py: a product normalised after it
            **{name: 8 for name in ("g_idx", "g_out", "g_cond", "g_ishape", "g_gshape", "g_idt", "g_n")}}
 

@@ -21,7 +21,8 @@ AFTER_MERGE: tuple[RuleSet, ...] = (affine.RULES,)
 # last: they cover the views and leaves the others create
 ORACLE_FILLERS = (recognition.fill_matmul, recognition.fill_late, merge.fill_merge,
                   contraction.fill_contraction, affine.fill_affine, recognition.fill_broadcasts,
-                  onehot.fill_gather, layout.fill_layout, algebra.fill_sums, algebra.fill_shapes)
+                  onehot.fill_gather, layout.fill_layout, algebra.fill_sums, fusion.fill_rereads,
+                  algebra.fill_shapes)
 
 
 def backend_rules(target: str) -> tuple[RuleSet, ...]:
