@@ -147,6 +147,12 @@ class StridedReads(torch.nn.Module):
         return transposed * 2, sliced, windows.sum(-1)
 
 
+class SymbolicStridedRead(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        return x.t().as_strided((4, n), (1, 4)) * 2  # x.t() stores x: this reads x.t()
+
+
 class SparseStridedRead(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, 1:].as_strided((2, 2), (6, 1), 1) + 1  # the refused line
@@ -166,6 +172,13 @@ def test_channels_last_tail_with_as_strided() -> None:
 def test_as_strided_follows_torch_layouts() -> None:
     x = torch.randn(4, 6)
     _compare(StridedReads(), lower(StridedReads(), (x,)), (x,))
+
+
+def test_as_strided_of_a_symbolic_permuted_layout() -> None:
+    x = torch.randn(5, 4)
+    graph = lower(SymbolicStridedRead(), (x,), dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)},))
+    for n in (3, 9):
+        _compare(SymbolicStridedRead(), graph, (torch.randn(n, 4),))
 
 
 def test_as_strided_of_a_sparse_layout_is_refused_clearly() -> None:

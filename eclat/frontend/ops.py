@@ -18,7 +18,7 @@ import torch
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
 from eclat.ir.graph import Node
-from eclat.ir.symbolic import BinOp, Expr, Num, as_int, prod, sint, sym_eq, to_expr
+from eclat.ir.symbolic import BinOp, Expr, Num, as_int, prod, sint, to_expr
 from eclat.ir.view import View, compose
 
 from . import prims as P
@@ -827,15 +827,21 @@ def _torch_storage(ctx: Ctx, x: Node) -> tuple[Node, sint]:
         x = g.movement(x, lambda v: v.shrink([(0, n if k in kept else 1) for k, n in enumerate(v.shape)]))
         x = P.reshape(x, [x.shape[k] for k in kept])
         strides = tuple(strides[k] for k in kept)
-    ints = [as_int(s) for s in strides]
-    order = (sorted(range(len(ints)), key=lambda k: -ints[k]) if None not in ints
-             else list(range(len(ints))))  # symbolic strides: only the identity order is checked
-    dense = View.contiguous([x.shape[k] for k in order]).strides
-    if not all(sym_eq(strides[k], s) for k, s in zip(order, dense)):
-        raise NotImplementedError(
-            f"as_strided of a tensor torch stores with strides {list(strides)} for shape {list(x.shape)}: "
-            "not densely, so the storage it reads holds elements that are not the tensor's own "
-            "(e.g. the rest of a sliced tensor)")
+    # storage order, innermost first: a dense layout has an axis of stride 1, then one whose stride
+    # is that axis's size, and so on (a chain that needs no ordering of symbolic strides)
+    inner: list[int] = []
+    step: sint = 1
+    while len(inner) < len(strides):
+        k = next((k for k in range(len(strides)) if k not in inner
+                  and as_int(_expanded(to_expr(strides[k]) - step)) == 0), None)
+        if k is None:
+            raise NotImplementedError(
+                f"as_strided of a tensor torch stores with strides {list(strides)} for shape "
+                f"{list(x.shape)}: not densely (as far as eclat can tell), so the storage it reads "
+                "holds elements that are not the tensor's own (e.g. the rest of a sliced tensor)")
+        inner.append(k)
+        step = step * x.shape[k]
+    order = inner[::-1]
     return P.permute(x, order), offset
 
 
