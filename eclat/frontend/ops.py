@@ -852,8 +852,10 @@ def _as_strided(ctx: Ctx, x: Node, size: Sequence[sint], stride: Sequence[sint],
     compose with it (a masked or permuted source)."""
     if len(size) != len(stride):
         raise ValueError(f"as_strided: {len(size)} sizes but {len(stride)} strides")
-    if any(_least(s) < 0 for s in stride):
-        raise ValueError(f"as_strided: strides {list(stride)} may be negative (torch does not support that)")
+    if any(as_int(s) is not None and as_int(s) < 0 for s in stride):
+        raise ValueError(f"as_strided: negative strides {list(stride)} (torch does not support them)")
+    if any(to_expr(s).vmin < 0 for s in stride):
+        raise NotImplementedError(f"as_strided: cannot show that strides {list(stride)} are not negative")
     storage, base = _torch_storage(ctx, x)
     # torch's offset counts from the start of the storage, ours from where x's elements begin in it
     offset = 0 if storage_offset is None else storage_offset - base
@@ -871,11 +873,6 @@ def _as_strided(ctx: Ctx, x: Node, size: Sequence[sint], stride: Sequence[sint],
                          f"{offset} reads {where}: outside the input")
     outer = View.make(size, stride, offset)
     return g.movement(storage, lambda v: outer if v.is_contiguous else compose(v, outer))
-
-
-def _least(e: sint) -> int:
-    """The least value e may take (its lower bound where symbolic)."""
-    return as_int(e) if as_int(e) is not None else to_expr(e).vmin
 
 
 def _expanded(e: sint) -> sint:
