@@ -10,6 +10,7 @@ from torch.utils import _pytree as pytree
 
 from eclat.errors import ExportError, UnsupportedOpError
 from eclat.frontend import lower
+from eclat.frontend.lower import export
 from eclat.ir.interpreter import run
 from tests.zoo import ZOO, make_llama
 
@@ -118,6 +119,73 @@ def test_scaled_dot_product_attention() -> None:
     q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
     args = (q, k, v, torch.rand(5, 5) > 0.3)
     _compare(Attention(), lower(Attention(), args), args)
+
+
+class ChannelsLastTail(torch.nn.Module):
+    """convnext's and swin's tail: channels moved last for a LayerNorm and back, then global
+    average pooling; torch.export writes the pooled result's layout as an aten.as_strided."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+class StridedReads(torch.nn.Module):
+    """as_strided on tensors torch lays out otherwise than row-major: a transpose (its storage is
+    x), a slice (a storage offset), and overlapping windows."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        transposed = x.t().as_strided((3, 4), (1, 6), 1)
+        sliced = (x + 1)[1:].as_strided((2, 3), (6, 1), 7)
+        windows = x.as_strided((3, 3, 2), (6, 1, 1))
+        return transposed * 2, sliced, windows.sum(-1)
+
+
+class SymbolicStridedRead(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        return x.t().as_strided((4, n), (1, 4)) * 2  # x.t() stores x: this reads x.t()
+
+
+class SparseStridedRead(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 1:].as_strided((2, 2), (6, 1), 1) + 1  # the refused line
+
+
+def test_channels_last_tail_with_as_strided() -> None:
+    torch.manual_seed(0)
+    model, x = ChannelsLastTail().eval(), torch.randn(2, 3, 16, 16)
+    ops = {str(n.target) for n in export(model, (x,)).graph.nodes}
+    assert "aten.as_strided.default" in ops  # what this test is about
+    _compare(model, lower(model, (x,)), (x,))
+    graph = lower(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=16)},))
+    for b in (1, 3):
+        _compare(model, graph, (torch.randn(b, 3, 16, 16),))
+
+
+def test_as_strided_follows_torch_layouts() -> None:
+    x = torch.randn(4, 6)
+    _compare(StridedReads(), lower(StridedReads(), (x,)), (x,))
+
+
+def test_as_strided_of_a_symbolic_permuted_layout() -> None:
+    x = torch.randn(5, 4)
+    graph = lower(SymbolicStridedRead(), (x,), dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)},))
+    for n in (3, 9):
+        _compare(SymbolicStridedRead(), graph, (torch.randn(n, 4),))
+
+
+def test_as_strided_of_a_sparse_layout_is_refused_clearly() -> None:
+    with pytest.raises(UnsupportedOpError, match="not densely") as info:
+        lower(SparseStridedRead(), (torch.randn(4, 6),))
+    assert info.value.op == "aten.as_strided.default"
+    assert "in forward: return x[:, 1:].as_strided((2, 2), (6, 1), 1) + 1" in str(info.value)
 
 
 class SizeArithmetic(torch.nn.Module):

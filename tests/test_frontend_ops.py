@@ -26,6 +26,7 @@ from eclat.ir.symbolic import Var
 
 aten = torch.ops.aten
 CONV, NORM = aten.convolution.default, aten.linalg_vector_norm.default
+AS = aten.as_strided.default
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -73,12 +74,12 @@ def lower_call(op: Any, args: tuple, kwargs: dict) -> tuple[Any, list[np.ndarray
         if isinstance(a, torch.Tensor):
             node = g.input_(f"x{len(inputs)}", tuple(a.shape), ir_dtype(a.dtype))
             inputs.append(node)
-            arrays.append(a.numpy())
+            arrays.append(np.ascontiguousarray(a.numpy()))
             return node
         return a
 
     iargs = torch.utils._pytree.tree_map(to_ir, (args, kwargs), is_leaf=lambda a: isinstance(a, NC))
-    ctx = Ctx({})
+    ctx = Ctx({}, arg_vals=tuple(targs[0]))  # torch's own layouts, as export's meta gives them
     first = ref[0] if isinstance(ref, (tuple, list)) else ref
     if isinstance(first, torch.Tensor):
         ctx.out_shape, ctx.out_dtype = tuple(first.shape), ir_dtype(first.dtype)
@@ -308,6 +309,24 @@ CASES: list[Case] = [
     C(aten.transpose.int, rn(2, 3, 4), -1, 0), C(aten.t.default, X),
     C(aten.expand.default, rn(3, 1, 1), [3, -1, 4]),
     C(aten.expand.default, rn(4), [2, 3, 4], _name="new-dims"),
+    # as_strided reads torch's storage: the input row-major, or as torch lays out a view (the
+    # `torch-` cases pass torch a non-contiguous tensor; the interpreter gets its values)
+    C(AS, rn(10), [4, 3], [2, 1], _name="overlapping-windows"),
+    C(AS, rn(1, 1, 5, 5), [3, 3, 3, 3], [5, 1, 5, 1], _name="conv-windows"),
+    C(AS, rn(3, 4), [4, 3], [1, 4], _name="transposed"),
+    C(AS, rn(3, 4), [2, 2], [4, 1], 5, _name="offset"),
+    C(AS, rn(2, 3, 4), [3, 2, 2], [1, 12, 5], 2, _name="3d-offset"),
+    C(AS, rn(1, 8, 1, 1), [1, 8, 1, 1], [8, 1, 8, 8], _name="pool-memory-format"),
+    C(AS, rn(6), [2, 3], [0, 1], 1, _name="zero-stride"),
+    C(AS, rn(5), [0, 3], [1, 1], 5, _name="empty"),
+    C(AS, I34, [3, 3], [3, 1], 1, _name="int"),
+    C(AS, NC(rn(4, 6)), [2, 2], [1, 6], 1, _name="nc-view"),
+    C(AS, NC(rn(4, 6)), [2, 5, 3], [12, 2, 1], 1, _name="nc-copy"),
+    C(AS, rn(4, 3).t(), [2, 3], [1, 3], 1, _name="torch-transposed"),
+    C(AS, rn(2, 3, 4).permute(2, 0, 1), [3, 4], [4, 1], 2, _name="torch-permuted"),
+    C(AS, rn(5, 4)[1:], [2, 3], [4, 1], 6, _name="torch-storage-offset"),
+    C(AS, rn(5, 4)[1:], [2, 3], [4, 1], _name="torch-default-offset"),
+    C(AS, rn(1, 4).expand(3, 4), [2, 2], [1, 1], _name="torch-expanded"),
     C(aten.slice.Tensor, rn(5, 6), 1, 1, 5, 2),
     C(aten.slice.Tensor, rn(5, 6), -1, -3, None, _name="negative"),
     C(aten.slice.Tensor, rn(5, 6), 0, 2, 2**63 - 1, _name="to-end"),
@@ -416,6 +435,43 @@ def test_gelu_accuracy_wide_range_and_special_values() -> None:
     assert (np.abs(got[pos] - want[pos]) / want[pos]).max() < 2.5e-7
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+
+
+def test_as_strided_out_of_bounds_is_a_clear_error() -> None:
+    x = g.input_("x", (3, 4))
+    for size, stride, offset in [([2, 2], [4, 1], 10), ([4, 4], [3, 1], 0), ([3], [5], 2)]:
+        with pytest.raises(ValueError, match="outside the input"):
+            LOWERINGS[AS](Ctx({}), x, size, stride, offset)
+    # an offset before x's own elements in torch's storage (x = base[1:]) reads what is not x
+    with pytest.raises(ValueError, match="outside the input"):
+        LOWERINGS[AS](Ctx({}, arg_vals=(rn(4, 4)[1:],)), x, [2, 2], [4, 1], 2)
+    with pytest.raises(ValueError, match="negative"):
+        LOWERINGS[AS](Ctx({}), x, [2, 2], [-1, 1], 3)
+
+
+def test_as_strided_of_a_tensor_torch_stores_sparsely_is_refused() -> None:
+    """x = base[:, 1:] in torch: its storage holds base's first column too, which the IR does not
+    have as part of x, so the lowering refuses rather than reading the wrong elements."""
+    ctx = Ctx({}, arg_vals=(rn(4, 5)[:, 1:],))
+    with pytest.raises(NotImplementedError, match="not densely"):
+        LOWERINGS[AS](ctx, g.input_("x", (4, 4)), [2, 2], [5, 1], 1)
+
+
+def test_as_strided_symbolic_sizes() -> None:
+    """The pooling read of convnext/swin with a symbolic batch: one view, bounds shown symbolically."""
+    n = Var("n", 1, 64)
+    x = g.input_("x", (n, 8, 1, 1))
+    out = LOWERINGS[AS](Ctx({}), x, [n, 8, 1, 1], [8, 1, 8, 8])
+    assert out is x  # the contiguous layout itself
+    windows = LOWERINGS[AS](Ctx({}), g.input_("y", (n, 4)), [n, 3, 2], [4, 1, 1])
+    assert windows.op == "view" and windows.srcs[0].op == "input"
+    y = rn(3, 4)
+    (got,) = run(Graph([windows.srcs[0]], [windows], {}), [y.numpy()])
+    np.testing.assert_array_equal(got, y.as_strided([3, 3, 2], [4, 1, 1]).numpy())
+    with pytest.raises(ValueError, match="outside the input"):  # past the end for every n
+        LOWERINGS[AS](Ctx({}), g.input_("z", (n, 4)), [n, 4], [4, 2])
+    with pytest.raises(NotImplementedError, match="cannot show"):  # past the end for n > 8
+        LOWERINGS[AS](Ctx({}), g.input_("z", (8,)), [n], [1])
 
 
 def test_pooling_indices_are_unavailable() -> None:

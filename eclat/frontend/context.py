@@ -44,6 +44,9 @@ class Ctx:
     out_dtype: DType | None = None
     index_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     divisors: set[str] = field(default_factory=set)
+    # torch's values of the node's positional arguments (fake tensors where they are tensors), for the
+    # few lowerings whose meaning depends on how torch lays a tensor out (as_strided reads storage)
+    arg_vals: tuple[Any, ...] = ()
 
     def constant(self, array: np.ndarray) -> Node:
         """A constant tensor made by the frontend (e.g. adaptive pooling weights)."""
@@ -66,6 +69,14 @@ class Ctx:
         source = _index_source(b) if isinstance(b, Node) and not b.dtype.is_float else None
         if source is not None:
             self.divisors.add(source.arg)
+
+    def torch_layout(self, k: int) -> tuple[tuple[sint, ...], sint] | None:
+        """The strides and storage offset torch gives the k-th positional argument, or None where
+        unknown (a lowering called directly, outside torch.export)."""
+        val = self.arg_vals[k] if k < len(self.arg_vals) else None
+        if not isinstance(val, torch.Tensor):
+            return None
+        return tuple(self.sym(s) for s in val.stride()), self.sym(val.storage_offset())
 
     def sym(self, x: Any) -> sint:
         """A torch SymInt / sympy expression / int as an IR size."""

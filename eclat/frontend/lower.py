@@ -85,6 +85,8 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
                 for a in torch.utils._pytree.tree_leaves((args, kwargs)):
                     if isinstance(a, Unavailable) and node.target is not operator.getitem:
                         raise NotImplementedError(f"uses {a.what}, which eclat does not compute")
+                ctx.arg_vals = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                                     for a in node.args)
                 first = val[0] if isinstance(val, (tuple, list)) and val else val
                 if isinstance(first, torch.Tensor):
                     ctx.out_shape = tuple(ctx.sym(d) for d in first.shape)

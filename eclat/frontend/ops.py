@@ -18,8 +18,8 @@ import torch
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
 from eclat.ir.graph import Node
-from eclat.ir.symbolic import Expr, as_int, prod, sint
-from eclat.ir.view import View
+from eclat.ir.symbolic import BinOp, Expr, Num, as_int, prod, sint, to_expr
+from eclat.ir.view import View, compose
 
 from . import prims as P
 from .context import Ctx, Unavailable, ir_dtype
@@ -813,6 +813,92 @@ def _unbind(ctx: Ctx, x: Node, dim: int = 0) -> tuple[Node, ...]:
     return tuple(P.reshape(t, shape) for t in _split(ctx, x, 1, dim))
 
 
+def _torch_storage(ctx: Ctx, x: Node) -> tuple[Node, sint]:
+    """x's storage as torch lays it out, as a value whose row-major elements are that storage from
+    the storage offset it returns on. Unknown layouts are taken as contiguous (what export gives in
+    practice); a permuted dense layout is x permuted to storage order; broadcast axes (stride 0)
+    store only their first element. Anything else stores elements that are not x's: an error."""
+    layout = ctx.torch_layout(0)
+    if layout is None:
+        return x, 0
+    strides, offset = layout
+    kept = [k for k, n in enumerate(x.shape) if as_int(n) != 1 and as_int(strides[k]) != 0]
+    if len(kept) < len(x.shape):  # drop size-1 and broadcast axes: each stores one element
+        x = g.movement(x, lambda v: v.shrink([(0, n if k in kept else 1) for k, n in enumerate(v.shape)]))
+        x = P.reshape(x, [x.shape[k] for k in kept])
+        strides = tuple(strides[k] for k in kept)
+    # storage order, innermost first: a dense layout has an axis of stride 1, then one whose stride
+    # is that axis's size, and so on (a chain that needs no ordering of symbolic strides)
+    inner: list[int] = []
+    step: sint = 1
+    while len(inner) < len(strides):
+        k = next((k for k in range(len(strides)) if k not in inner
+                  and as_int(_expanded(to_expr(strides[k]) - step)) == 0), None)
+        if k is None:
+            raise NotImplementedError(
+                f"as_strided of a tensor torch stores with strides {list(strides)} for shape "
+                f"{list(x.shape)}: not densely (as far as eclat can tell), so the storage it reads "
+                "holds elements that are not the tensor's own (e.g. the rest of a sliced tensor)")
+        inner.append(k)
+        step = step * x.shape[k]
+    order = inner[::-1]
+    return P.permute(x, order), offset
+
+
+def _as_strided(ctx: Ctx, x: Node, size: Sequence[sint], stride: Sequence[sint],
+                storage_offset: sint | None = None) -> Node:
+    """A view that reads x's storage (see _torch_storage) at offset + sum(i_k * stride_k): one View
+    of x's source, overlapping windows included; copied first only where x's own view cannot
+    compose with it (a masked or permuted source)."""
+    if len(size) != len(stride):
+        raise ValueError(f"as_strided: {len(size)} sizes but {len(stride)} strides")
+    if any(as_int(s) is not None and as_int(s) < 0 for s in stride):
+        raise ValueError(f"as_strided: negative strides {list(stride)} (torch does not support them)")
+    if any(to_expr(s).vmin < 0 for s in stride):
+        raise NotImplementedError(f"as_strided: cannot show that strides {list(stride)} are not negative")
+    storage, base = _torch_storage(ctx, x)
+    # torch's offset counts from the start of the storage, ours from where x's elements begin in it
+    offset = 0 if storage_offset is None else storage_offset - base
+    # the first and last storage element read (strides are not negative); torch checks only the
+    # last, against its storage's size at run time, but the storage before x is not x's either
+    last = offset + sum(((n - 1) * s for n, s in zip(size, stride)), 0)
+    numel = prod(storage.shape)
+    slack = [_expanded(offset), _expanded(numel - 1 - to_expr(last))]  # both >= 0 when inside
+    if as_int(prod(size)) != 0 and any(to_expr(e).vmin < 0 for e in slack):
+        where = f"elements {offset} to {last} of the input's {numel}"
+        if all(as_int(e) is None or as_int(e) >= 0 for e in slack):
+            raise NotImplementedError(f"as_strided: cannot show that {where} stay inside it for every "
+                                      f"size (sizes {list(size)}, strides {list(stride)})")
+        raise ValueError(f"as_strided with sizes {list(size)}, strides {list(stride)} and offset "
+                         f"{offset} reads {where}: outside the input")
+    outer = View.make(size, stride, offset)
+    return g.movement(storage, lambda v: outer if v.is_contiguous else compose(v, outer))
+
+
+def _expanded(e: sint) -> sint:
+    """e as a sum of products with like terms collected, so that a difference such as
+    n*8 - 1 - (8*(n - 1) + 7) cancels to 0 (Expr's constructors do not collect terms);
+    // and % are kept whole."""
+    def terms(x: Expr) -> dict[tuple[Expr, ...], int]:
+        if isinstance(x, BinOp) and x.op in ("+", "*"):
+            a, b = terms(x.a), terms(x.b)
+            out: dict[tuple[Expr, ...], int] = {}
+            if x.op == "+":
+                pairs = [*a.items(), *b.items()]
+            else:
+                pairs = [(tuple(sorted(ma + mb, key=repr)), ca * cb)
+                         for ma, ca in a.items() for mb, cb in b.items()]
+            for m, c in pairs:
+                out[m] = out.get(m, 0) + c
+            return out
+        return {(): x.v} if isinstance(x, Num) else {(x,): 1}
+    out: sint = 0
+    for monomial, c in terms(to_expr(e)).items():
+        if c:
+            out = out + c * prod(monomial)
+    return out
+
+
 def _unsqueeze(ctx: Ctx, x: Node, dim: int) -> Node:
     return P.reshape(x, ctx.out_shape)
 
@@ -1170,6 +1256,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.permute.default: _permute,
     aten.transpose.int: _transpose, aten.t.default: _transpose,
     aten.expand.default: _expand,
+    aten.as_strided.default: _as_strided,
     aten.slice.Tensor: _slice,
     aten.select.int: _select,
     aten.cat.default: _cat,
