@@ -76,11 +76,11 @@ class SmallCNN(torch.nn.Module):
         return self.body(x)
 
 
-def _llama(seq: int):
+def _llama(seq: int, layers: int = 4, vocab: int = 4096):
     from tests.zoo import make_llama
 
-    model, _ = make_llama(layers=4, d=256, heads=8, ffn=688, vocab=4096, seq=seq)
-    return model, (torch.randint(0, 4096, (1, seq)),)
+    model, _ = make_llama(layers=layers, d=256, heads=8, ffn=688, vocab=vocab, seq=seq)
+    return model, (torch.randint(0, vocab, (1, seq)),)
 
 
 @dataclass
@@ -100,6 +100,8 @@ WORKLOADS = [
     Workload("chain_64x1024", lambda: (NormChain(), (_rand(64, 1024),))),
     Workload("llama_prefill128", lambda: _llama(128)),
     Workload("llama_step1", lambda: _llama(1)),
+    # one decoder block's token step: a 256-token vocabulary leaves the embedding and head small
+    Workload("llama_block_step1", lambda: _llama(1, layers=1, vocab=256)),
     Workload("cnn_b8", lambda: (SmallCNN(), (_rand(8, 3, 32, 32),))),
     Workload("matmul_512", lambda: (MatMul(), (_rand(512, 512), _rand(512, 512))), 2 * 512**3),
     Workload("matmul_1024", lambda: (MatMul(), (_rand(1024, 1024), _rand(1024, 1024))), 2 * 1024**3),
