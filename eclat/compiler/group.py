@@ -81,16 +81,27 @@ def group(graph: Graph) -> Program:
 
 def _products_before_masks(graph: Graph) -> Graph:
     """graph with a `contiguous` between a matmul or a sum of a product (with the elementwise ops
-    fused after it) and a masked view reading it: a convolution's output padded for the next one,
-    or pooled with padding. Inlined there, the product's index is unravelled through the mask and
-    the backend can no longer register-block it (a scalar loop, 20x slower); the padded copy costs
-    one pass."""
-    carries: dict[int, bool] = {}  # node -> its fused value computes a matmul
+    fused after it) and a masked view that pads it: a convolution's output padded for the next
+    one, or pooled with padding. Inlined there, the product's index is unravelled through the mask
+    and the backend can no longer register-block it (a scalar loop, 20x slower); the padded copy
+    costs one pass. A concatenation (padded pieces added together, as RoPE's rotate_half) is left
+    alone: its pieces are cheap elementwise reads, and a copy each costs a kernel per token."""
+    nodes = graph.nodes()
+    users: dict[int, list[Node]] = {}
+    for n in nodes:
+        for s in n.srcs:
+            users.setdefault(id(s), []).append(n)
+
+    def concatenated(v: Node) -> bool:  # the frontend's cat: padded pieces added together
+        readers = users.get(id(v), [])
+        return bool(readers) and all(u.op == "add" for u in readers)
+
+    carries: dict[int, bool] = {}  # node -> its fused value computes a product
     new: dict[int, Node] = {}
-    for n in graph.nodes():
+    for n in nodes:
         srcs = [new[id(s)] for s in n.srcs]
         masked = n.op == "view" and n.arg.mask is not None
-        if masked and carries[id(n.srcs[0])]:
+        if masked and carries[id(n.srcs[0])] and not concatenated(n):
             srcs = [Node("contiguous", (srcs[0],), None, srcs[0].shape, srcs[0].dtype)]
         elementwise = n.kind in ("unary", "binary", "ternary") or n.op in ("fma", "cast")
         fused = elementwise or (n.op == "view" and not masked)

@@ -33,6 +33,7 @@ from ..ir.graph import Node
 from ..ir.symbolic import Expr, as_int
 from ..ir.view import View
 from .fold import EVAL_LIMIT, SLACK_BYTES
+from .fusion import overlap
 from .lang import CTORS, SAME_SHAPE
 
 # per-element work of the ops that are not products, in peak-FLOP equivalents: a product
@@ -60,6 +61,7 @@ class EGraphData:
     roots: list[int]
     info: dict[int, tuple[tuple, DType]]  # class -> (shape, dtype)
     folded: set[int] = field(default_factory=set)  # nodes fold.py computes at compile time (`folds`)
+    rereads: dict[int, float] = field(default_factory=dict)  # View node -> reads per element (> 1)
 
 
 def read_egraph(egraph: eb.EGraph, attrs: list) -> EGraphData:
@@ -85,6 +87,8 @@ def read_egraph(egraph: eb.EGraph, attrs: list) -> EGraphData:
     data = EGraphData(nodes, node_class, children, [roots[i] for i in range(len(roots))], {})
     _infer_types(data, attrs)
     data.folded = folds(data, attrs)
+    data.rereads = {n: f for n, node in enumerate(nodes) if node[0] == "View"
+                    for f in [overlap(attrs[node[2]])] if f > 1.0}
     return data
 
 
@@ -418,19 +422,11 @@ def evaluations(data: EGraphData, choice: dict[int, int]) -> dict[int, float]:
         if choice[c] not in data.folded:
             for k in data.children[choice[c]]:
                 kernels[k] = kernels.get(k, 0) | kernels[c]
-                again = reads.get(c, 1.0) * (_amplification(data, c, k) if node[0] == "View" else 1.0)
+                again = reads.get(c, 1.0) * data.rereads.get(choice[c], 1.0)
                 reads[k] = max(reads.get(k, 1.0), again)
     once = {c for c in order if data.nodes[choice[c]][0] in BOUNDARY or c in roots}
     return {c: 1.0 if c in once else bin(kernels[c]).count("1") * reads.get(c, 1.0) if c in kernels else 0.0
             for c in choice}
-
-
-def _amplification(data: EGraphData, view: int, source: int) -> float:
-    """Elements a view reads per element of its source (above 1 where windows overlap or it
-    broadcasts)."""
-    if view not in data.info or source not in data.info:
-        return 1.0
-    return max(1.0, numel(data.info[view][0]) / max(1, numel(data.info[source][0])))
 
 
 def dag_cost(data: EGraphData, cost: list[float], choice: dict[int, int]) -> float:

@@ -2,8 +2,8 @@
 operand, so wrapping an operand in it (materialise: the producer becomes its own kernel)
 or unwrapping it (fuse: the producer is computed inside the consumer's kernel) gives the
 candidate groupings. Views are excluded, but for one that reads its operand's elements more than
-once (`materialise-rereads`: overlapping windows such as an im2col, or a broadcast): fused there,
-the operand's computation is repeated for every read (the extraction counts it, `extract.evaluations`)."""
+once through overlapping windows (`materialise-rereads`: an im2col): fused there, the operand's
+computation is repeated for every read (the extraction counts it, `extract.evaluations`)."""
 
 from __future__ import annotations
 
@@ -42,14 +42,19 @@ def _rules(ctor: str) -> list[Rule]:
     return out
 
 
+def overlap(v: View) -> float:
+    """How many times v reads each element it reaches, on average, along the axes it steps (a 3x3
+    im2col's windows: 9; a broadcast axis does not count: grouping hoists what it repeats)."""
+    steps = [(as_int(n), as_int(s)) for n, s in zip(v.shape, v.strides) if as_int(s) != 0]
+    if v.mask is not None or any(n is None or s is None for n, s in steps):
+        return 1.0
+    span = 1 + sum((n - 1) * abs(s) for n, s in steps)
+    return max(1.0, math.prod(n for n, _ in steps) / span)
+
+
 def rereads(v: View) -> bool:
-    """Whether v reads some element of its operand more than once: more elements than the span of
-    addresses it reaches, or a broadcast axis."""
-    sizes, strides = [as_int(n) for n in v.shape], [as_int(s) for s in v.strides]
-    if v.mask is not None or None in sizes or None in strides:
-        return False
-    span = 1 + sum((n - 1) * abs(s) for n, s in zip(sizes, strides))
-    return math.prod(sizes) > span or any(s == 0 and n > 1 for n, s in zip(sizes, strides))
+    """Whether v reads some element of its operand more than once through overlapping windows."""
+    return overlap(v) > 1.0
 
 
 def fill_rereads(enc) -> list[tuple[str, tuple[int, ...], int]]:
