@@ -33,7 +33,7 @@ from ..ir.graph import Graph
 from ..ir.symbolic import as_int
 from ..ir.view import View, compose
 from .composites import matmul
-from .contraction import _plans
+from .contraction import product_plans
 from .lang import Rule, RuleSet
 
 
@@ -101,7 +101,7 @@ def fill_affine(enc) -> list[tuple[str, tuple[int, ...], int]]:
     """scale_a/scale_b(va, vb, r, w, vs), mm_ow(va, vb, r, w) for every product plan read through
     w and every view vs of w's shape; vcomp(vl, v), kscale_a/kscale_b(vl, va, vb) for every view
     of a weight and every operand pair of a plan. Runs after fill_matmul and fill_merge."""
-    terms, attrs, plans = enc.terms, enc.attrs, _plans(enc)
+    terms, attrs, plans = enc.terms, enc.attrs, product_plans(enc)
     reads: dict[int, set[int]] = {}  # product term -> views it is read through
     by_shape: dict[tuple, set[int]] = {}  # shape -> ids of the views of that shape
     leaf_views: set[int] = set()

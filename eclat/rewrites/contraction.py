@@ -46,7 +46,7 @@ def unbatch(u: View, v: View) -> tuple[View, View, View] | None:
     return u2, v2, out
 
 
-def _plans(enc) -> dict[int, list[Plan]]:
+def product_plans(enc) -> dict[int, list[Plan]]:
     """The matmul plans of every product term (as recognition's fill_matmul makes them)."""
     terms, out = enc.terms, {}
     for k, t in enumerate(terms):
@@ -65,7 +65,7 @@ def _plans(enc) -> dict[int, list[Plan]]:
 def fill_contraction(enc) -> list[tuple[str, tuple[int, ...], int]]:
     """mmid(va, vb, r, w) = 1 where the product's view w is its Matmul; ub_a/ub_b/ub_o(u, v) for
     pairs of operand views a product (or a reassociated one) may have. Runs after fill_matmul."""
-    terms, plans = enc.terms, _plans(enc)
+    terms, plans = enc.terms, product_plans(enc)
     reads: dict[int, set[View]] = {}  # product term -> the views it is read through
     pairs: set[tuple[View, View]] = set()  # operand views of possible products
     for t in terms:
