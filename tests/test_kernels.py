@@ -464,12 +464,13 @@ def test_layers_that_differ_only_in_weights_share_code():
 
 
 @pytest.mark.parametrize("composite", [True, False], ids=["matmul", "sum-of-product"])
-@pytest.mark.parametrize("pool", [True, False], ids=["padded-pool", "padded-for-next-conv"])
-def test_a_product_read_through_a_mask_keeps_its_register_blocked_kernel(pool, composite):
+@pytest.mark.parametrize("reader", ["padded-pool", "padded-for-next-conv", "concatenated"])
+def test_a_product_read_through_a_mask_keeps_its_register_blocked_kernel(reader, composite):
     """relu(x @ w + b) read through a zero-padding mask (a convolution's output pooled with
-    padding, or padded for the next convolution): the product and its epilogue are one kernel the
-    backend register-blocks; the mask reads its result. Inlined into the masked reader, the
-    product's index unravels through the mask and it runs as a scalar loop (20x slower)."""
+    padding, padded for the next convolution, or concatenated with another value): the product
+    and its epilogue are one kernel the backend register-blocks; the mask reads its result.
+    Inlined into the masked reader, the product's index unravels through the mask and it runs as
+    a scalar loop (20x slower)."""
     from eclat.rewrites.composites import matmul as matmul_composite
 
     x = G.input_("x", (16, 24))
@@ -479,7 +480,12 @@ def test_a_product_read_through_a_mask_keeps_its_register_blocked_kernel(pool, c
     act = G.binary("max", G.binary("add", product, G.expand_to(b, (16, 32))),
                    G.expand_to(G.const(0.0), (16, 32)))
     padded = G.movement(act, lambda v: v.pad([(1, 1), (1, 1)]))  # [18, 34], zeros around
-    out = G.reduce("max_reduce", padded, 1) if pool else G.contiguous(padded)
+    if reader == "concatenated":  # torch.cat as the frontend writes it: padded pieces added
+        padded = G.movement(act, lambda v: v.pad([(0, 0), (0, 24)]))
+        other = G.movement(G.unary("neg", x), lambda v: v.pad([(0, 0), (32, 0)]))
+        out = G.binary("add", padded, other)
+    else:
+        out = G.reduce("max_reduce", padded, 1) if reader == "padded-pool" else G.contiguous(padded)
     program = check(G.Graph([x], [out], {"w": wv, "b": bv}), [rand(16, 24)], rtol=1e-4, atol=1e-5)
     products = [k for k in program.kernels
                 if any(isinstance(r, Reduce) and r.op == "sum" for r in walk(k.body))]
