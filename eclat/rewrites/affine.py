@@ -132,13 +132,14 @@ def fill_affine(enc) -> list[tuple[str, tuple[int, ...], int]]:
                         got = operand_scale(ow, attrs[vs], mm, axis, operand)
                         if got is not None:
                             out.append((name, (va, vb, r, w, vs), enc.view_id(got)))
+    operands = {v for pair in pairs for v in pair}
     for vl in leaf_views:
+        for this in operands:  # each operand view once, however many pairs it is in
+            v = compose(attrs[vl], attrs[this])
+            if v is not None:
+                out.append(("vcomp", (vl, this), enc.view_id(v)))
         for ida, idb in pairs:
             a2, b2 = attrs[ida], attrs[idb]
-            for this in (ida, idb):
-                v = compose(attrs[vl], attrs[this])
-                if v is not None:
-                    out.append(("vcomp", (vl, this), enc.view_id(v)))
             for name, left in (("kscale_a", True), ("kscale_b", False)):
                 got = k_scale(attrs[vl], a2 if left else b2, b2 if left else a2, left)
                 if got is not None:

@@ -185,13 +185,15 @@ def folds(data: EGraphData, attrs: list) -> set[int]:
     leaves = {c for node, c in zip(data.nodes, data.node_class) if node[0] == "Leaf"}
     out = set()
     for n, (node, c, kids) in enumerate(zip(data.nodes, data.node_class, data.children)):
-        if node[0] in ("Leaf", "Fill") or not kids or any(k not in reads for k in kids) or c not in data.info:
+        if node[0] in ("Leaf", "Fill") or not kids:
             continue
         if node[0] == "View" and kids[0] in leaves:
             continue  # a layout of a weight: made at compile time, but not a fold (layout.py)
+        got = own(n)  # None unless n is weight-only and typed
+        if got is None:
+            continue
         shape, dtype = data.info[c]
-        got = own(n)
-        if got is not None and all(as_int(d) is not None for d in shape) and numel(shape) <= EVAL_LIMIT \
+        if all(as_int(d) is not None for d in shape) and numel(shape) <= EVAL_LIMIT \
                 and got[1] * dtype.itemsize <= got[0] + SLACK_BYTES:
             out.add(n)
     return out
