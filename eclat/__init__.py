@@ -16,8 +16,10 @@ from .errors import EclatError, ExportError, UnsupportedOpError
 
 if TYPE_CHECKING:
     from .compiler.model import CompiledModel
+    from .generate import CausalLM
 
-__all__ = ["CompiledModel", "EclatError", "ExportError", "UnsupportedOpError", "compile", "load"]
+__all__ = ["CausalLM", "CompiledModel", "EclatError", "ExportError", "UnsupportedOpError", "compile",
+           "compile_lm", "load"]
 
 
 def compile(model: Any, example_inputs: Any, target: str = "cpu", **options: Any) -> CompiledModel:
@@ -25,6 +27,14 @@ def compile(model: Any, example_inputs: Any, target: str = "cpu", **options: Any
     from .compiler.pipeline import compile_model
 
     return compile_model(model, example_inputs, target=target, **options)
+
+
+def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "cpu",
+               **options: Any) -> CausalLM:
+    """Compile a transformers causal LM for generation with an eclat-owned KV cache (eclat.generate)."""
+    from .generate import compile_lm as compile_causal_lm
+
+    return compile_causal_lm(model, max_len, chunk, target, **options)
 
 
 def load(path: str) -> CompiledModel:

@@ -258,9 +258,21 @@ class Counter(torch.nn.Module):
         return x + self.count
 
 
-def test_state_mutation_is_refused_clearly() -> None:
-    with pytest.raises(UnsupportedOpError, match="buffer mutation of 'count'"):
-        lower(Counter(), (torch.randn(2),))
+def test_a_buffer_update_is_a_state_with_its_update_as_an_output() -> None:
+    graph = lower(Counter(), (torch.randn(2),))
+    assert [s.name for s in graph.states] == ["count"] and graph.states[0].axis is None
+    assert [n.arg for n in graph.inputs] == ["x", "count"] and len(graph.outputs) == 2
+
+
+class AddsToItsInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+
+def test_mutating_an_input_is_refused_clearly() -> None:
+    with pytest.raises(UnsupportedOpError, match="user input mutation"):
+        lower(AddsToItsInput(), (torch.randn(2),))
 
 
 class UsesErfinv(torch.nn.Module):

@@ -25,6 +25,7 @@ These rules are applied until nothing changes. Weights become constant buffers.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -53,6 +54,7 @@ from .kernel import (
     walk,
 )
 
+DEEP_RECURSION = 20000  # Python frames grouping may nest (3.11 keeps them off the C stack)
 SHARE_COST = 12  # recompute a shared elementwise value below this many operations
 NATIVE_COMPOSITES = {"fma"}  # composite ops the kernel IR has natively
 _COMPUTE_KINDS = {"unary", "binary", "ternary", "reduce", "gather", "composite"}
@@ -70,12 +72,19 @@ def group(graph: Graph) -> Program:
     forced |= {id(n) for n in nodes if n.op == "contiguous"}
     forced |= {id(o) for o in graph.outputs}
     chosen: set[int] = set()
-    for _ in range(64):
-        grouping = _Grouping(graph, nodes, forced | chosen)
-        extra = grouping.offenders()
-        if not extra:
-            return grouping.program()
-        chosen |= extra
+    # the first attempt fuses all it can: through a deep model (a 12-layer decode step) its
+    # expressions nest a few frames per node, before `offenders` cuts them into kernels
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, DEEP_RECURSION))
+    try:
+        for _ in range(64):
+            grouping = _Grouping(graph, nodes, forced | chosen)
+            extra = grouping.offenders()
+            if not extra:
+                return grouping.program()
+            chosen |= extra
+    finally:
+        sys.setrecursionlimit(limit)
     raise EclatError("kernel grouping did not converge")  # pragma: no cover
 
 

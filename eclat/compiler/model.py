@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtypes import DType
+from ..ir.graph import State
 from .report import CompileReport
 from .specs import InputSpec, is_array, is_torch, leaves
 
@@ -21,8 +22,11 @@ class CompiledModel:
     threads at once are safe: a CPU program gives each call its own memory, others take turns."""
 
     def __init__(self, executable: Any, inputs: list[InputSpec], out_spec: Any,
-                 report: CompileReport | dict[str, Any], in_structure: Any = None):
+                 report: CompileReport | dict[str, Any], in_structure: Any = None,
+                 states: list[State] | None = None):
         self.executable = executable
+        self.state_specs = list(states or [])
+        inputs = inputs[:len(inputs) - len(self.state_specs)]  # the states are the program's last inputs
         self.inputs = inputs
         self.out_spec = out_spec
         self.in_structure = [None] * len(inputs) if in_structure is None else in_structure
@@ -32,8 +36,36 @@ class CompiledModel:
         # GPU programs keep their buffers on the device: their calls take turns
         reentrant = getattr(executable, "reentrant", False)
         self._execute = executable.run if reentrant else _one_at_a_time(executable)
+        if self.state_specs:
+            self.states = {s.name: s.initial.copy() for s in self.state_specs}
+            self._execute = self._stateful(self._execute)
         if any(s.index_range or s.divisor for s in inputs):  # kernels clamp an index, torch raises
             self._execute = _values_checked(inputs, self._execute)
+
+    def reset_states(self) -> None:
+        """Give every state (a buffer the model updates, such as a KV cache) its initial value."""
+        for s in self.state_specs:
+            self.states[s.name][...] = s.initial
+
+    def _stateful(self, run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Callable:
+        """run with the states as its last inputs, whose updates (the last outputs) are then written
+        into them in place; calls take turns, since each sees the state the last one left."""
+        lock = threading.Lock()
+        taken = sum(1 if s.axis is None else 2 for s in self.state_specs)
+
+        def stateful(args: list[np.ndarray]) -> list[np.ndarray]:
+            with lock:  # self.states may be replaced: two programs of one model share theirs
+                arrays = [self.states[s.name] for s in self.state_specs]
+                outs = run(list(args) + arrays)
+                updates = outs[len(outs) - taken:]
+                for s, state in zip(self.state_specs, arrays):
+                    if s.axis is None:
+                        state[...] = updates.pop(0)
+                    else:
+                        index, values = updates.pop(0), updates.pop(0)
+                        state[(slice(None),) * s.axis + (index,)] = values
+            return outs[:len(outs) - taken]
+        return stateful
 
     def __call__(self, *args: Any) -> Any:
         if self._plain(args):  # the common call, checked in one pass: a tenth of a small model's time

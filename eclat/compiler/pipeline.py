@@ -76,6 +76,7 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
     structure = input_structure(example_inputs)
     arrays = [to_numpy(x) for x in leaves(example_inputs, structure, "example_inputs")]
     graph = lower(model, example_inputs)
+    arrays += [s.initial for s in graph.states]
     remember = None
     if autotune != "none" and verify:
         remember = program_cache.cache_path(graph, target, autotune, k, threads, cache_dir)
@@ -141,7 +142,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         program_cache.write(remember, program, tuned, report.to_dict())
     if autotune != "none":
         report.add_measured(_kernel_times_us(exe, program, arrays))
-    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure)
+    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure, graph.states)
 
 
 def _specs(graph: Graph) -> list[InputSpec]:
@@ -168,7 +169,8 @@ def _candidates(graph: Graph, target: str, k: int, device: Any = None) -> tuple[
     roof = CPU if device is None else Roofline(device.gflops("float32") * 1e9, device.peak_gbps * 1e9,
                                                device.launch_overhead_us * 1e-6)
     opt = rewrites.optimize(graph, target, k, roof=roof)
-    return [fold_weights(c) for c in opt.candidates or [graph]], dict(opt.stats)
+    made: dict = {}  # one array per folded value, whichever candidates hold it
+    return [fold_weights(c, made) for c in opt.candidates or [graph]], dict(opt.stats)
 
 
 def _rewrites() -> Any:
@@ -314,12 +316,8 @@ def _from_program_cache(path: Path, graph: Graph, in_structure: Any, model: Any,
     device = _device(target, threads, cache_dir)
     if device is None:
         return None
-    import torch
-
-    try:
-        with torch.no_grad():
-            reference = [to_numpy(t) for t in torch.utils._pytree.tree_leaves(model(*example_inputs))]
-    except Exception:  # a model torch cannot run eagerly here: no check, so no cache
+    reference = _eager_reference(model, example_inputs) if not graph.states else interpret(graph, arrays)
+    if reference is None:
         return None
     tdb, owned = _open_db(db, cache_dir)
     try:
@@ -339,7 +337,19 @@ def _from_program_cache(path: Path, graph: Graph, in_structure: Any, model: Any,
     report.egraph, report.candidates, report.tuning_cache = searched.egraph, searched.candidates, counts
     report.candidates.cached = True
     report.add_measured(_kernel_times_us(exe, program, arrays))
-    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure)
+    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure, graph.states)
+
+
+def _eager_reference(model: Any, example_inputs: tuple) -> list[np.ndarray] | None:
+    """The model's outputs as torch runs it (None where it cannot: then no check, so no cache). Not
+    for a model with state: running it would update the user's buffers, and return no updates."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            return [to_numpy(t) for t in torch.utils._pytree.tree_leaves(model(*example_inputs))]
+    except Exception:  # a model torch cannot run eagerly here, an exported program
+        return None
 
 
 def _choice_key(graph: Graph, mode: str, k: int, target: str, device: Any) -> Any:
@@ -395,7 +405,7 @@ def _deferred(graph: Graph, candidates: list[Graph], backend: Any, target: str, 
                                        differences=list(egraph.get("differs", [])))
     report.notes = [f"{reason}: kept candidate {n} with default schedules, unverified and untimed; "
                     f"tune it on the hardware (`eclat autotune`)"]
-    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure)
+    return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure, graph.states)
 
 
 def _kernel_times_us(exe: Any, program: Program, arrays: list[np.ndarray]) -> list[float] | None:

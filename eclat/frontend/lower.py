@@ -16,7 +16,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from eclat.errors import ExportError, UnsupportedOpError
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
-from eclat.ir.graph import Graph, Node
+from eclat.ir.graph import Graph, Node, State
 from eclat.ir.symbolic import Var, as_int
 
 from .context import INT_MAX, Ctx, Unavailable, ir_dtype
@@ -35,16 +35,20 @@ def source_line(node: torch.fx.Node) -> str | None:
     return f"{os.path.basename(path)}:{line} in {fn}: {code.strip()}"
 
 
-def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any = None
-           ) -> torch.export.ExportedProgram:
+def export(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs: tuple,
+           dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
+    """model's forward in core ATen; a program exported already (transformers' cached decoders
+    export themselves) is only decomposed."""
+    name = type(model).__name__
     try:
         with warnings.catch_warnings():
             # torch.export trips over its own deprecated pytree API; not the user's concern
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
-            ep = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-            return ep.run_decompositions()
+            if not isinstance(model, torch.export.ExportedProgram):
+                model = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+            return model.run_decompositions()
     except Exception as e:  # torch raises many types; all mean "could not export"
-        raise ExportError(f"torch.export failed for {type(model).__name__}: {type(e).__name__}: {e}") from e
+        raise ExportError(f"torch.export failed for {name}: {type(e).__name__}: {e}") from e
 
 
 def _bound(end: Any, unbounded: int) -> int:
@@ -56,8 +60,10 @@ def _bound(end: Any, unbounded: int) -> int:
     return unbounded
 
 
-def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any = None) -> Graph:
-    """Lower model's forward pass on example_inputs to a primitive Graph."""
+def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs: tuple, *,
+          dynamic_shapes: Any = None) -> Graph:
+    """Lower model's forward pass on example_inputs (or a program torch.export made) to a primitive
+    Graph. Buffers the forward updates in place become the graph's states (ir.graph.State)."""
     from .ops import LOWERINGS, convert_output
 
     if not isinstance(example_inputs, tuple):
@@ -68,14 +74,22 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
     for name, r in ep.range_constraints.items():
         ctx.symbols[str(name)] = Var(str(name), _bound(r.lower, -INT_MAX - 1), _bound(r.upper, INT_MAX))
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
+    mutated = {s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []
+    states: dict[str, Node] = {}
     outputs: list[Node] = []
     tied: dict[tuple, Node] = {}
     for node in ep.graph.nodes:
         val = node.meta.get("val")
         if node.op == "placeholder":
-            env[node] = _placeholder(ep, ctx, node, specs[node.name], val, inputs, tied)
+            spec = specs[node.name]
+            if spec.kind == InputKind.BUFFER and spec.target in mutated:
+                shape = tuple(ctx.sym(d) for d in val.shape)
+                env[node] = states[spec.target] = g.input_(spec.target, shape,
+                                                           _dtype_or_raise(val.dtype, spec.target))
+            else:
+                env[node] = _placeholder(ep, ctx, node, spec, val, inputs, tied)
         elif node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
             fn = LOWERINGS.get(node.target)
@@ -100,7 +114,33 @@ def lower(model: torch.nn.Module, example_inputs: tuple, *, dynamic_shapes: Any 
             outputs = [convert_output(ctx, env[o] if isinstance(o, torch.fx.Node) else o)
                        for o, spec in zip(node.args[0], ep.graph_signature.output_specs)
                        if _user_output(spec)]
-    return Graph(inputs, outputs, weights, ep.call_spec.out_spec, ctx.index_ranges, ctx.divisors)
+            updates = {spec.target: o for o, spec in zip(node.args[0], ep.graph_signature.output_specs)
+                       if spec.kind == OutputKind.BUFFER_MUTATION}
+    state_list = []
+    for name, x in states.items():
+        state, outs = _state_update(name, x, updates[name], env, ep)
+        state_list.append(state)
+        outputs += outs
+    return Graph(inputs + list(states.values()), outputs, weights, ep.call_spec.out_spec, ctx.index_ranges,
+                 ctx.divisors, state_list)
+
+
+def _state_update(name: str, x: Node, new: torch.fx.Node, env: dict, ep) -> tuple[State, list[Node]]:
+    """How the buffer `name` (input x) is updated: rows written along one axis (a KV cache's
+    index_copy_, which the program returns as index and values, so that the runtime writes only
+    those rows), or a new whole value."""
+    t = ep.state_dict.get(name, ep.constants.get(name))
+    initial = np.zeros([int(d) for d in x.shape], x.dtype.np) if t is None else \
+        (t.float() if x.dtype is DType.bfloat16 else t).detach().contiguous().numpy().copy()
+    if new.target is torch.ops.aten.index_put.default and env.get(new.args[0]) is x and \
+            not (len(new.args) > 3 and new.args[3]):
+        given = [(axis, i) for axis, i in enumerate(new.args[1]) if i is not None]
+        if len(given) == 1 and len(env[given[0][1]].shape) == 1 and env[given[0][1]].dtype is not DType.bool:
+            axis, index = given[0][0], env[given[0][1]]
+            rows = tuple(index.shape[0] if k == axis else n for k, n in enumerate(x.shape))
+            return State(name, initial, axis), [index, g.expand_to(g.cast(env[new.args[2]], x.dtype), rows)]
+    value = env[new]
+    return State(name, initial), [value if value.dtype is x.dtype else g.cast(value, x.dtype)]
 
 
 def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list[Node],
@@ -129,6 +169,8 @@ def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list
 
 
 def _user_output(spec) -> bool:
+    if spec.kind == OutputKind.BUFFER_MUTATION:
+        return False
     if spec.kind != OutputKind.USER_OUTPUT:
         what = spec.kind.name.lower().replace("_", " ") + (f" of {spec.target!r}" if spec.target else "")
         raise UnsupportedOpError("state mutation", detail=f"the model's forward performs a {what}; eclat "

@@ -226,6 +226,18 @@ def expand_to(x: Node, shape: Sequence[sint]) -> Node:
 # --- graphs -------------------------------------------------------------------------------
 
 @dataclass
+class State:
+    """A buffer the model updates in place (a KV cache): an input of the program whose value lasts
+    from call to call. The program does not write it; it returns the update, which the caller
+    applies after the call. axis None: the update is the whole new value (one output); an int:
+    the update is (index, values) along that axis (two outputs), written as
+    state[(slice(None),) * axis + (index,)] = values, so a cache costs only the rows it gains."""
+    name: str
+    initial: np.ndarray
+    axis: int | None = None
+
+
+@dataclass
 class Graph:
     inputs: list[Node]
     outputs: list[Node]
@@ -234,6 +246,8 @@ class Graph:
     # input name -> [low, high): the values an input that indexes a tensor may take (checked per call)
     index_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     divisors: set[str] = field(default_factory=set)  # integer inputs that divide: zero raises, as in torch
+    # the last len(states) inputs are these buffers; their updates follow the user's outputs
+    states: list[State] = field(default_factory=list)
 
     def nodes(self) -> list[Node]:
         """All nodes reachable from the outputs, sources before users."""

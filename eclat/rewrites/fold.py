@@ -43,9 +43,11 @@ NAME_SOURCES = 3  # weights named in a folded weight's name, at most
 _WIDE = SimpleNamespace(np=np.dtype(np.float64), is_float=True)  # a float dtype stand-in for numpy
 
 
-def fold_weights(graph: Graph) -> Graph:
+def fold_weights(graph: Graph, made: dict[tuple, tuple[Node, np.ndarray]] | None = None) -> Graph:
     """graph with every weight-only value worth materialising replaced by a precomputed weight
-    (read through a broadcast view where it repeats) or a constant."""
+    (read through a broadcast view where it repeats) or a constant. made: the folded weights by
+    content, shared by the candidates of one compile, so that equal values are one array (the
+    backend then prepares each once: a CPU packing of a large weight costs seconds)."""
     nodes = graph.nodes()
     sources = _weight_only(graph, nodes)
     values: dict[int, np.ndarray] = {}
@@ -59,8 +61,8 @@ def fold_weights(graph: Graph) -> Graph:
     for n in nodes:
         if id(n) in whole:
             chosen[id(n)] = _rounded(n, _value(n, graph, values))
-    weights: dict[str, np.ndarray] = {}
-    made: dict[tuple, Node] = {}  # identical results share one weight
+    made = {} if made is None else made  # identical results share one weight
+    weights = {node.arg: array for node, array in made.values()}
     new: dict[int, Node] = {}
     for n in nodes:
         srcs = [new[id(s)] for s in n.srcs]
@@ -172,7 +174,8 @@ def _stored(n: Node, value: np.ndarray) -> np.ndarray:
 
 
 def _leaf(n: Node, stored: np.ndarray, sources: dict[str, int], taken: dict[str, np.ndarray],
-          weights: dict[str, np.ndarray], made: dict[tuple, Node], whole: bool = False) -> Node:
+          weights: dict[str, np.ndarray], made: dict[tuple, tuple[Node, np.ndarray]],
+          whole: bool = False) -> Node:
     """The folded value: a constant if one number (unless whole: a leaf of n's shape, which a view
     may read), else a weight, read through a broadcast view where stored repeats."""
     if stored.size == 1 and not whole:
@@ -191,5 +194,5 @@ def _leaf(n: Node, stored: np.ndarray, sources: dict[str, int], taken: dict[str,
             k += 1
             name = f"{base}#{k}"
         weights[name] = squeezed
-        made[key] = g.weight(name, squeezed, n.dtype)
-    return g.movement(made[key], lambda v: v.reshape(stored.shape).expand(n.shape))
+        made[key] = g.weight(name, squeezed, n.dtype), squeezed
+    return g.movement(made[key][0], lambda v: v.reshape(stored.shape).expand(n.shape))

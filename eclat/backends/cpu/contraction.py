@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import weakref
 
 import llvmlite.ir as ir
 import numpy as np
@@ -26,7 +27,7 @@ from ...compiler.kernel import (
     loads,
 )
 from ...ir.dtypes import DType
-from ...ir.symbolic import Num, Var, evaluate
+from ...ir.symbolic import Expr, Num, Var, evaluate
 from ...ir.view import contiguous_strides
 from .emitter import KernelEmitter
 from .scalar import F32, I32, PTR, i64, intrinsic, store_through, vector_ptr
@@ -40,6 +41,44 @@ CACHE_LINE = 64  # bytes a prefetch brings in
 def contraction_of(kernel: Kernel) -> Contraction | None:
     """The contraction the micro-kernel computes for kernel: float32 only."""
     return as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
+
+
+_PACKED: dict[tuple, np.ndarray] = {}  # packings of live weights, by array and layout
+
+
+def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int, kk: int,
+                  nr: int) -> np.ndarray:
+    """data[index(n, k)] as [panels, K, NR], zero past column n, flat. Remembered while data lives:
+    the candidates of one compile (and its tuning builds) share their weights, and packing a large
+    one (a language model's output head) costs seconds."""
+    base = data
+    while isinstance(base.base, np.ndarray):  # a view made afresh per candidate: key on what it views
+        base = base.base
+    parts = terms(index)
+    linear = {None if a is None else a.name: c for c, a in parts if a is None or isinstance(a, Var)}
+    affine = len(linear) == len(parts) and set(linear) - {None} <= {n_var, k_var}
+    layout = (linear.get(None, 0), linear.get(n_var, 0), linear.get(k_var, 0)) if affine else str(index)
+    key = (id(base), data.__array_interface__["data"][0], data.shape, data.dtype.str, layout, n, kk, nr)
+    hit = _PACKED.get(key)
+    if hit is not None:
+        return hit
+    panels = -(-n // nr)
+    out = np.zeros((panels, kk, nr), np.float32)
+    flat = data.reshape(-1)
+    if affine:  # the common case: a strided view, copied once, no index arrays of K x N
+        start, sn, sk = layout
+        item = flat.itemsize
+        grid = np.lib.stride_tricks.as_strided(flat[start:], (kk, n), (sk * item, sn * item))
+    else:
+        grid = flat[evaluate(index, {n_var: np.arange(n)[None, :], k_var: np.arange(kk)[:, None]})]
+    whole = n // nr
+    out[:whole] = grid[:, :whole * nr].reshape(kk, whole, nr).transpose(1, 0, 2)
+    if whole < panels:
+        out[whole, :, :n - whole * nr] = grid[:, whole * nr:]
+    out = out.reshape(-1)
+    _PACKED[key] = out
+    weakref.finalize(base, _PACKED.pop, key, None)  # forgotten with the weight
+    return out
 
 
 class ContractionEmitter(KernelEmitter):
@@ -72,13 +111,8 @@ class ContractionEmitter(KernelEmitter):
         n, kk = k.shape[c.n_axis], c.reduce.size
         name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
-            panels = -(-n // nr)
-            cols = np.arange(panels * nr)
-            idx = evaluate(b.index, {n_var: np.minimum(cols, n - 1)[None, :], k_var: np.arange(kk)[:, None]})
-            data = np.asarray(self.buffers[b.buffer].data)[np.broadcast_to(idx, (kk, panels * nr))]
-            data = np.where(cols[None, :] < n, data, 0).astype(np.float32)
-            self.packed[name] = np.ascontiguousarray(
-                data.reshape(kk, panels, nr).transpose(1, 0, 2)).reshape(-1)
+            self.packed[name] = packed_panels(np.asarray(self.buffers[b.buffer].data), b.index, n_var, k_var,
+                                              n, kk, nr)
             self.buffers[name] = Buffer(name, self.packed[name].size, DType.float32, "weight",
                                         self.packed[name])
         return name

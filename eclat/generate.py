@@ -1,0 +1,135 @@
+"""Text generation with a compiled causal language model and an eclat-owned KV cache.
+
+    lm = eclat.compile_lm(hf_model, max_len=256)      # a transformers decoder (GPT-2, Llama, ...)
+    tokens = lm.generate([15496, 11, 616], max_new_tokens=32)
+
+The model is exported by transformers' own path for cached decoders (its static cache,
+`transformers.integrations.executorch`): the forward takes token ids and their positions in the
+cache and updates the cache in place. eclat compiles it twice, a prefill program over a chunk of
+`chunk` tokens and a decode program over one, whose states (the cache, ir.graph.State) are one set
+of arrays: each call returns only the rows it adds, which are written into the cache in place.
+
+A prompt runs through the prefill program chunk by chunk. The last chunk is padded with token 0
+past the prompt when it fits in the cache (the padding writes cache rows that no real position
+attends to before a later step overwrites them: attention masks keys past the query's position),
+else it is the prompt's last `chunk` tokens, recomputing rows that hold the same values already.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .compiler.model import CompiledModel
+
+
+class CausalLM:
+    """A prefill and a decode program sharing one KV cache (`states`). Not for concurrent use: a
+    generation is a sequence of steps over one cache."""
+
+    def __init__(self, prefill: CompiledModel, decode: CompiledModel, max_len: int, chunk: int):
+        self.prefill, self.decode, self.max_len, self.chunk = prefill, decode, max_len, chunk
+        decode.states = prefill.states  # one cache: a step sees the rows the prompt wrote
+        self.states = prefill.states
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        """The next-token logits after the prompt `tokens` (a fresh cache: positions from 0)."""
+        n, c = len(tokens), self.chunk
+        if not 1 <= n <= self.max_len:
+            raise ValueError(f"a prompt of {n} tokens: expected 1 to {self.max_len} (the cache's length)")
+        out = None
+        for start in range(0, n, c):
+            window = tokens[start:start + c]
+            row = len(window) - 1
+            if len(window) < c:
+                if start + c > self.max_len:  # no room to pad: the last chunk tokens, recomputed
+                    start, window, row = n - c, tokens[n - c:], c - 1
+                else:
+                    window = window + [0] * (c - len(window))
+            out = self.prefill(np.array([window], np.int64), np.arange(start, start + c, dtype=np.int64))
+            out = out[0, row]
+        return np.asarray(out, np.float32)
+
+    def step(self, token: int, position: int) -> np.ndarray:
+        """The next-token logits after `token` at `position`, the cache holding every earlier one."""
+        if not 0 <= position < self.max_len:
+            raise ValueError(f"position {position} is outside the cache (length {self.max_len})")
+        out = self.decode(np.array([[token]], np.int64), np.array([position], np.int64))
+        return np.asarray(out[0, -1], np.float32)
+
+    def generate(self, prompt: Any, max_new_tokens: int, *, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                 eos_token_id: int | None = None) -> list[int]:
+        """The prompt's continuation: greedy (the most likely token each step, as transformers'
+        generate(do_sample=False)), or sampled at `temperature` from the `top_k` most likely with a
+        numpy generator seeded by `seed`. Stops after max_new_tokens or at eos_token_id."""
+        tokens = [int(t) for t in np.asarray(prompt).reshape(-1)]
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be at least 0, given {max_new_tokens}")
+        if len(tokens) + max_new_tokens > self.max_len:
+            raise ValueError(f"{len(tokens)} prompt tokens + {max_new_tokens} new ones exceed the cache's "
+                             f"length {self.max_len}: compile with a larger max_len")
+        if do_sample and temperature <= 0:
+            raise ValueError(f"temperature must be positive, given {temperature}")
+        rng = np.random.default_rng(seed)
+        new: list[int] = []
+        logits = self.logits(tokens) if max_new_tokens else None
+        while len(new) < max_new_tokens:
+            token = _sample(logits, rng, temperature, top_k) if do_sample else int(np.argmax(logits))
+            new.append(token)
+            if token == eos_token_id or len(new) == max_new_tokens:
+                break
+            logits = self.step(token, len(tokens) + len(new) - 1)
+        return new
+
+    def tokens_per_second(self, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+        """(seconds to the first token, decode tokens per second) of one greedy generation."""
+        start = time.perf_counter()
+        logits = self.logits(prompt)
+        first = time.perf_counter() - start
+        token = int(np.argmax(logits))
+        start = time.perf_counter()
+        for k in range(new_tokens):
+            token = int(np.argmax(self.step(token, len(prompt) + k)))
+        return first, new_tokens / (time.perf_counter() - start)
+
+
+def _sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int | None) -> int:
+    z = logits.astype(np.float64) / temperature
+    if top_k is not None and 0 < top_k < z.size:
+        z[z < np.partition(z, -top_k)[-top_k]] = -np.inf
+    p = np.exp(z - z.max())
+    return int(rng.choice(z.size, p=p / p.sum()))
+
+
+def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "cpu",
+               **options: Any) -> CausalLM:
+    """A transformers causal LM (random or trained weights, batch 1) compiled for generation with a
+    static KV cache of max_len positions; options as eclat.compile's."""
+    import torch
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    from .compiler.pipeline import compile_model
+
+    if not 1 <= chunk <= max_len:
+        raise ValueError(f"chunk must be 1 to max_len ({max_len}), given {chunk}")
+    config = model.generation_config
+    saved = (config.use_cache, config.cache_implementation, config.cache_config)
+    config.use_cache, config.cache_implementation = True, "static"
+    config.cache_config = {"batch_size": 1, "max_cache_len": max_len}
+    try:
+        exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_len)
+        programs = []
+        for n in (chunk, 1):
+            ids, positions = torch.zeros(1, n, dtype=torch.long), torch.arange(n)
+            with torch.no_grad(), warnings.catch_warnings():
+                # dynamo notes transformers' output-capturing global: not the user's concern
+                warnings.filterwarnings("ignore", message=".*side effects happened.*")
+                exported = exportable.export(input_ids=ids, cache_position=positions)
+            programs.append(compile_model(exported, (ids, positions), target, **options))
+    finally:
+        config.use_cache, config.cache_implementation, config.cache_config = saved
+    return CausalLM(programs[0], programs[1], max_len, chunk)

@@ -1,0 +1,99 @@
+"""Generation with an eclat-owned KV cache: transformers decoders exported with their static cache,
+a prefill and a decode program sharing the cache; greedy tokens match transformers' generate."""
+
+import numpy as np
+import pytest
+import torch
+
+import eclat
+
+transformers = pytest.importorskip("transformers")
+
+MAX_LEN, CHUNK = 24, 4
+
+
+def _config(arch: str):
+    common = dict(vocab_size=97, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "gpt2":
+        return transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64,
+                                       initializer_range=0.3, **common)
+    small = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3, **common)
+    return {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+            "mistral": transformers.MistralConfig}[arch](**small)
+
+
+def _model(arch: str):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(_config(arch)).eval()
+
+
+def _reference(model, prompt: list[int], new: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    model = _model("gpt2")
+    return model, eclat.compile_lm(model, max_len=MAX_LEN, chunk=CHUNK, autotune="none", quiet=True)
+
+
+@pytest.mark.parametrize("prompt", [[5], [5, 17, 42], [5, 17, 42, 8, 9, 60], list(range(3, 22))],
+                         ids=["one", "under-a-chunk", "two-chunks-padded", "last-chunk-recomputed"])
+def test_greedy_tokens_match_transformers(gpt2, prompt):
+    model, lm = gpt2
+    new = MAX_LEN - len(prompt)
+    assert lm.generate(prompt, new) == _reference(model, prompt, new)
+
+
+def test_the_cache_is_one_set_of_arrays_written_in_place(gpt2):
+    _, lm = gpt2
+    assert lm.decode.states is lm.prefill.states is lm.states
+    before = {name: a for name, a in lm.states.items()}
+    lm.generate([4, 5, 6], 5)
+    assert all(lm.states[name] is a for name, a in before.items())
+    keys = [a for name, a in lm.states.items() if name.startswith("key_cache")]
+    assert keys and all(k.shape[2] == MAX_LEN for k in keys) and keys[0][:, :, :8].any()
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy(gpt2):
+    _, lm = gpt2
+    prompt = [7, 8, 9]
+    a = lm.generate(prompt, 10, do_sample=True, temperature=1.5, seed=3)
+    assert a == lm.generate(prompt, 10, do_sample=True, temperature=1.5, seed=3)
+    assert lm.generate(prompt, 10, do_sample=True, top_k=1, seed=5) == lm.generate(prompt, 10)
+    assert all(0 <= t < 97 for t in a)
+
+
+def test_generation_stops_at_the_end_token(gpt2):
+    _, lm = gpt2
+    prompt = [5, 17]
+    first = lm.generate(prompt, 6)
+    assert lm.generate(prompt, 6, eos_token_id=first[2]) == first[:first.index(first[2]) + 1]
+
+
+def test_bad_requests_name_the_problem(gpt2):
+    _, lm = gpt2
+    with pytest.raises(ValueError, match="exceed the cache's length 24"):
+        lm.generate(list(range(20)), 5)
+    with pytest.raises(ValueError, match="temperature must be positive"):
+        lm.generate([1], 2, do_sample=True, temperature=0)
+    with pytest.raises(ValueError, match="a prompt of 0 tokens"):
+        lm.logits([])
+    with pytest.raises(ValueError, match="chunk must be"):
+        eclat.compile_lm(_model("gpt2"), max_len=8, chunk=9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_greedy_tokens_match_transformers_for_each_architecture(arch):
+    model = _model(arch)
+    lm = eclat.compile_lm(model, max_len=MAX_LEN, chunk=CHUNK, autotune="none", quiet=True)
+    for prompt in ([5, 17, 42], list(range(3, 13))):
+        new = MAX_LEN - len(prompt)
+        assert lm.generate(prompt, new) == _reference(model, prompt, new)
+    np.testing.assert_equal(lm.logits([5, 17, 42]).shape, (97,))

@@ -1,0 +1,88 @@
+"""Buffers a model updates in place (a KV cache, a running count) are the compiled model's states:
+kept between calls, updated by rows where the model writes rows, and matching torch call by call."""
+
+import numpy as np
+import pytest
+import torch
+
+import eclat
+
+
+class RowCache(torch.nn.Module):
+    """A KV-cache-like buffer written at run-time positions, a counter, and a read of both."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 2, 8, 4))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, positions):
+        self.cache.index_copy_(2, positions, self.proj(x))
+        self.calls.add_(1)
+        return self.cache.softmax(2).sum(2), self.calls * 1
+
+
+class Running(torch.nn.Module):
+    """A whole-buffer update: an exponential moving average of the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(3))
+
+    def forward(self, x):
+        self.mean.mul_(0.5).add_(x.mean(0) * 0.5)
+        return x - self.mean
+
+
+def _pair(cls):
+    torch.manual_seed(0)
+    model = cls().eval()
+    twin = cls().eval()
+    twin.load_state_dict(model.state_dict())
+    return model, twin
+
+
+def test_a_row_cache_is_updated_in_place_call_after_call():
+    model, twin = _pair(RowCache)
+    x, pos = torch.randn(1, 2, 2, 4), torch.tensor([0, 1])
+    compiled = eclat.compile(model, (x, pos), autotune="none", quiet=True)
+    assert [(s.name, s.axis) for s in compiled.state_specs] == [("cache", 2), ("calls", None)]
+    assert [s.name for s in compiled.inputs] == ["x", "positions"]  # the states are not arguments
+    cache = compiled.states["cache"]
+    for step in range(4):
+        x, pos = torch.randn(1, 2, 2, 4), torch.tensor([2 * step, 2 * step + 1])
+        with torch.no_grad():
+            want = twin(x, pos)
+        got = compiled(x, pos)
+        np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-5, atol=1e-6)
+        assert int(got[1]) == int(want[1]) == step + 1
+    assert compiled.states["cache"] is cache  # written in place, never replaced
+    np.testing.assert_allclose(cache, twin.cache.numpy(), rtol=1e-5, atol=1e-6)
+    compiled.reset_states()
+    assert not cache.any() and int(compiled.states["calls"]) == 0
+
+
+def test_compiling_does_not_touch_the_models_own_buffers():
+    model, _ = _pair(RowCache)
+    eclat.compile(model, (torch.randn(1, 2, 2, 4), torch.tensor([3, 4])), autotune="none", quiet=True)
+    assert not model.cache.any() and int(model.calls) == 0
+
+
+def test_a_whole_buffer_update():
+    model, twin = _pair(Running)
+    compiled = eclat.compile(model, (torch.randn(5, 3),), autotune="none", quiet=True)
+    assert [s.axis for s in compiled.state_specs] == [None]
+    for _ in range(3):
+        x = torch.randn(5, 3)
+        with torch.no_grad():
+            want = twin(x)
+        np.testing.assert_allclose(compiled(x).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_update_at_a_position_outside_the_buffer_is_an_index_error():
+    model, _ = _pair(RowCache)
+    compiled = eclat.compile(model, (torch.randn(1, 2, 2, 4), torch.tensor([0, 1])), autotune="none",
+                             quiet=True)
+    with pytest.raises(IndexError, match="out of range"):
+        compiled(torch.randn(1, 2, 2, 4), torch.tensor([7, 8]))
