@@ -37,8 +37,15 @@ def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "c
     return compile_causal_lm(model, max_len, chunk, target, **options)
 
 
-def load(path: str) -> CompiledModel:
-    """Load an artifact written by `CompiledModel.save` or `eclat compile`."""
+def load(path: str) -> CompiledModel | CausalLM:
+    """Load an artifact written by `CompiledModel.save` or `eclat compile`; a folder written by
+    `CausalLM.save` (`eclat compile --lm`) loads as a CausalLM."""
+    import os
+
+    if os.path.isdir(path):
+        from .generate import load_lm
+
+        return load_lm(path)
     from .compiler.model import load as load_model
 
     return load_model(path)
@@ -49,4 +56,8 @@ def __getattr__(name: str) -> Any:
         from .compiler.model import CompiledModel
 
         return CompiledModel
+    if name == "CausalLM":
+        from .generate import CausalLM
+
+        return CausalLM
     raise AttributeError(name)

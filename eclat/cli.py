@@ -2,6 +2,8 @@
 
     eclat compile examples/quickstart.py:make --target cpu -o mlp.eclat
     eclat run mlp.eclat --inputs x.npy -o out.npz
+    eclat compile examples/generate.py:make --lm --max-len 256 -o gpt2-lm
+    eclat generate gpt2-lm --tokens 464,2068,318 --max-new-tokens 32 [--sample --seed 0]
     eclat inspect mlp.eclat [--json] [--html roofline.html] [--measure]
     eclat autotune examples/quickstart.py examples/cnn.py --target cpu --db tuning.db
     eclat db merge tuning-cpu.db tuning-opencl.db -o tuning.db
@@ -40,6 +42,20 @@ class Failure(Exception):
 
 def load_factory(spec: str) -> tuple[Any, tuple]:
     """FILE.py[:FACTORY] -> FACTORY() as (model, example_inputs)."""
+    made = call_factory(spec)
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise Failure(f"{spec}: the factory must return (model, example_inputs), "
+                      f"it returned {type(made).__name__}")
+    model, inputs = made
+    if isinstance(inputs, list):
+        inputs = tuple(inputs)
+    elif not isinstance(inputs, tuple):
+        inputs = (inputs,)
+    return model, inputs
+
+
+def call_factory(spec: str) -> Any:
+    """FILE.py[:FACTORY] -> what FACTORY() returns."""
     path, _, name = spec.partition(":")
     name = name or "make"
     if not os.path.isfile(path):
@@ -57,16 +73,7 @@ def load_factory(spec: str) -> tuple[Any, tuple]:
     factory = getattr(module, name, None)
     if not callable(factory):
         raise Failure(f"{path} has no function {name}() (expected FILE.py[:FACTORY])")
-    made = factory()
-    if not (isinstance(made, tuple) and len(made) == 2):
-        raise Failure(f"{spec}: the factory must return (model, example_inputs), "
-                      f"it returned {type(made).__name__}")
-    model, inputs = made
-    if isinstance(inputs, list):
-        inputs = tuple(inputs)
-    elif not isinstance(inputs, tuple):
-        inputs = (inputs,)
-    return model, inputs
+    return factory()
 
 
 def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
@@ -101,6 +108,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
     t = time.perf_counter()
     from eclat.compiler.artifact import save_artifact
 
+    if args.lm:
+        return _compile_lm(args, t)
     compiled, _, _ = _compile(args.model, args)
     save_artifact(compiled, args.output)
     for note in compiled.report().get("notes", []):  # e.g. kept untuned: the device is absent here
@@ -108,6 +117,41 @@ def cmd_compile(args: argparse.Namespace) -> None:
     kernels = compiled.report().get("kernels", [])
     print(f"{args.output}: {len(kernels)} kernels, {os.path.getsize(args.output)} bytes, "
           f"compiled for {args.target} in {time.perf_counter() - t:.1f} s")
+
+
+def _compile_lm(args: argparse.Namespace, start: float) -> None:
+    """A causal LM (the factory returns a transformers model, or (model, anything)) compiled for
+    generation and saved as a folder."""
+    import eclat
+
+    made = call_factory(args.model)
+    model = made[0] if isinstance(made, tuple) else made
+    options: dict[str, Any] = {"autotune": args.autotune, "quiet": args.quiet}
+    if args.threads:
+        options["threads"] = args.threads
+    lm = eclat.compile_lm(model, max_len=args.max_len, chunk=args.chunk, target=args.target, **options)
+    lm.save(args.output)
+    print(f"{args.output}: prefill of {args.chunk} tokens and decode step, cache of {args.max_len} "
+          f"positions, compiled for {args.target} in {time.perf_counter() - start:.1f} s")
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    import eclat
+
+    lm = eclat.load(args.artifact)
+    if not isinstance(lm, eclat.CausalLM):
+        raise Failure(f"{args.artifact}: not a language model (compile one with `eclat compile --lm`)")
+    try:
+        prompt = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        raise Failure(f"--tokens must be comma-separated integers, given {args.tokens!r}") from None
+    t = time.perf_counter()
+    new = lm.generate(prompt, args.max_new_tokens, do_sample=args.sample, temperature=args.temperature,
+                      top_k=args.top_k, seed=args.seed, eos_token_id=args.eos)
+    seconds = time.perf_counter() - t
+    print(",".join(str(t) for t in new))
+    print(f"{len(new)} tokens in {seconds:.3f} s ({len(new) / seconds:.1f} tokens/s, "
+          f"prompt of {len(prompt)})", file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -427,8 +471,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL", help="FILE.py[:FACTORY]")
     p.add_argument("-o", "--output", required=True, help="artifact to write (e.g. model.eclat)")
     p.add_argument("--db", help="tuning database to read and update")
+    p.add_argument("--lm", action="store_true", help="a transformers causal LM (the factory may return "
+                   "the model alone): a prefill and a decode program with a KV cache, written as a folder")
+    p.add_argument("--max-len", type=int, default=256, help="--lm: the cache's positions (default 256)")
+    p.add_argument("--chunk", type=int, default=32, help="--lm: prompt tokens per prefill call (default 32)")
     _model_options(p)
     p.set_defaults(run=cmd_compile)
+
+    p = sub.add_parser("generate", help="generate tokens with a language model compiled with --lm",
+                       description="Greedy (or sampled) continuation of token ids; no tokenizer needed.")
+    p.add_argument("artifact", help="a folder written by `eclat compile --lm`")
+    p.add_argument("--tokens", required=True, help="the prompt's token ids, comma-separated")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--sample", action="store_true", help="sample instead of taking the most likely token")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--eos", type=int, default=None, help="stop after this token id")
+    p.set_defaults(run=cmd_generate)
 
     p = sub.add_parser("run", help="run an artifact on .npy inputs",
                        description="Load an artifact (no torch needed) and run it on .npy inputs.")

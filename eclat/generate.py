@@ -17,6 +17,8 @@ else it is the prompt's last `chunk` tokens, recomputing rows that hold the same
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import warnings
 from typing import Any
@@ -24,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from .compiler.model import CompiledModel
+
+LM_JSON, PREFILL, DECODE = "lm.json", "prefill.eclat", "decode.eclat"
 
 
 class CausalLM:
@@ -34,6 +38,17 @@ class CausalLM:
         self.prefill, self.decode, self.max_len, self.chunk = prefill, decode, max_len, chunk
         decode.states = prefill.states  # one cache: a step sees the rows the prompt wrote
         self.states = prefill.states
+        share = getattr(decode.executable, "share_weights", None)  # one copy of the weights too
+        self.shared_bytes = share(prefill.executable) if share is not None else 0
+
+    def save(self, path: str) -> None:
+        """Write a folder that `eclat.load` reads back as a CausalLM: the two programs' artifacts
+        and lm.json. (Each artifact holds its own weights: on disk they are stored twice.)"""
+        os.makedirs(path, exist_ok=True)
+        self.prefill.save(os.path.join(path, PREFILL))
+        self.decode.save(os.path.join(path, DECODE))
+        with open(os.path.join(path, LM_JSON), "w") as f:
+            json.dump({"format": "eclat-causal-lm", "max_len": self.max_len, "chunk": self.chunk}, f)
 
     def logits(self, tokens: list[int]) -> np.ndarray:
         """The next-token logits after the prompt `tokens` (a fresh cache: positions from 0)."""
@@ -95,6 +110,20 @@ class CausalLM:
         for k in range(new_tokens):
             token = int(np.argmax(self.step(token, len(prompt) + k)))
         return first, new_tokens / (time.perf_counter() - start)
+
+
+def load_lm(path: str) -> CausalLM:
+    """The CausalLM a folder written by CausalLM.save holds."""
+    from .compiler.model import load
+    from .errors import ArtifactError
+
+    try:
+        with open(os.path.join(path, LM_JSON)) as f:
+            meta = json.load(f)
+        max_len, chunk = int(meta["max_len"]), int(meta["chunk"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ArtifactError(f"{path}: not a saved language model ({type(e).__name__}: {e})") from None
+    return CausalLM(load(os.path.join(path, PREFILL)), load(os.path.join(path, DECODE)), max_len, chunk)
 
 
 def _sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int | None) -> int:

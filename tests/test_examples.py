@@ -15,10 +15,11 @@ from eclat.cli import load_factory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = ["quickstart.py", "tiny_llama.py", "cnn.py", "gpt2_hf.py"]
+SCRIPTS = [*EXAMPLES, "generate.py"]  # generate.py's factory gives a language model alone (compile --lm)
 LIBRARIES = {"eclat", "torch", "numpy", "transformers"}
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_example_stands_alone(name):
     """Its model is its own: it imports eclat and libraries, never the tests or another example,
     and does not reach into the checkout through sys.path."""
@@ -45,7 +46,7 @@ def test_factory_gives_a_model_and_inputs_that_run(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_example_runs_end_to_end(name):
     env = {**os.environ, "PYTHONPATH": ROOT}  # this checkout's eclat, whichever one is installed
     r = subprocess.run([sys.executable, os.path.join("examples", name)], capture_output=True, text=True,

@@ -97,3 +97,26 @@ def test_greedy_tokens_match_transformers_for_each_architecture(arch):
         new = MAX_LEN - len(prompt)
         assert lm.generate(prompt, new) == _reference(model, prompt, new)
     np.testing.assert_equal(lm.logits([5, 17, 42]).shape, (97,))
+
+
+def test_the_cli_compiles_saves_and_generates(tmp_path, capsys):
+    from eclat.cli import main
+
+    factory = tmp_path / "lm.py"
+    factory.write_text("import torch, transformers\n"
+                       "def make():\n"
+                       "    torch.manual_seed(0)\n"
+                       "    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, n_positions=64,\n"
+                       "        vocab_size=97, bos_token_id=1, eos_token_id=2, initializer_range=0.3)\n"
+                       "    return transformers.GPT2LMHeadModel(config).eval()\n")
+    out = tmp_path / "lm"
+    assert main(["compile", f"{factory}:make", "--lm", "--max-len", "16", "--chunk", "4", "--autotune", "none",
+                 "--quiet", "-o", str(out)]) == 0
+    lm = eclat.load(str(out))
+    assert isinstance(lm, eclat.CausalLM) and (lm.max_len, lm.chunk) == (16, 4)
+    want = lm.generate([5, 6, 7], 6)
+    capsys.readouterr()
+    assert main(["generate", str(out), "--tokens", "5,6,7", "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out.strip() == ",".join(map(str, want))
+    assert main(["generate", str(out), "--tokens", "5,x"]) == 1
+    assert "comma-separated integers" in capsys.readouterr().err

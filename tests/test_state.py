@@ -86,3 +86,21 @@ def test_an_update_at_a_position_outside_the_buffer_is_an_index_error():
                              quiet=True)
     with pytest.raises(IndexError, match="out of range"):
         compiled(torch.randn(1, 2, 2, 4), torch.tensor([7, 8]))
+
+
+def test_an_artifact_keeps_the_states_and_starts_from_their_initial_values(tmp_path):
+    model, twin = _pair(RowCache)
+    x, pos = torch.randn(1, 2, 2, 4), torch.tensor([0, 1])
+    compiled = eclat.compile(model, (x, pos), autotune="none", quiet=True)
+    compiled(x, pos)  # a call before saving does not change what is saved
+    compiled.save(str(tmp_path / "cache.eclat"))
+    loaded = eclat.load(str(tmp_path / "cache.eclat"))
+    assert [(s.name, s.axis) for s in loaded.state_specs] == [("cache", 2), ("calls", None)]
+    assert not loaded.states["cache"].any()
+    for step in range(3):
+        x, pos = torch.randn(1, 2, 2, 4), torch.tensor([2 * step, 2 * step + 1])
+        with torch.no_grad():
+            want = twin(x, pos)
+        got = loaded(x.numpy(), pos.numpy())
+        np.testing.assert_allclose(got[0], want[0].numpy(), rtol=1e-5, atol=1e-6)
+        assert int(got[1]) == step + 1

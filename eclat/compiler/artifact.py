@@ -5,6 +5,7 @@
                          plan, input/output names, shapes and dtypes, output structure, report,
                          a checksum per member
     weights.safetensors  the weights the code reads (packed panels included), flat
+    states.safetensors   where the model updates buffers in place (a KV cache): their initial values
     native (in the manifest) and the target's members: what its `Target.save` writes and its
                          `Target.load` reads (the kernel source, e.g. kernels.ll; object code
                          where the target has it); see each backend's artifact.py
@@ -35,6 +36,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import ArtifactError, EclatError
+from ..ir.graph import State
 from .encoding import decode_program, encode_program
 from .kernel import Buffer, Program, loads
 from .memplan import MemoryPlan
@@ -43,7 +45,7 @@ from .specs import InputSpec, structure_tensors
 
 FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
-MANIFEST, WEIGHTS = "manifest.json", "weights.safetensors"
+MANIFEST, WEIGHTS, STATES = "manifest.json", "weights.safetensors", "states.safetensors"
 MANIFEST_DIGEST = "manifest.sha256"  # the manifest's own checksum (it holds every other member's)
 BINARY = (".o", ".bin", ".safetensors")  # members stored as they are (read in place); others deflated
 # Most bytes a member may hold: far above what any model needs (a small LLM's manifest is a few
@@ -232,7 +234,7 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
     folder = os.path.dirname(os.path.abspath(where))
     if not os.path.isdir(folder):
         raise ArtifactError(f"cannot write {where}: there is no folder {folder}")
-    check_program(program, model.inputs, f"cannot save {where}")
+    check_program(program, model.program_inputs, f"cannot save {where}")
     try:
         section = backend.save(exe)
     except NotImplementedError as e:
@@ -248,13 +250,17 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
 
     weights = {b.name: np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1) for b in kept}
     files[WEIGHTS] = st_save(weights) if weights else b""
+    states = model.state_specs
+    if states:  # their values as compiled (a cache's zeros), not as the last call left them
+        files[STATES] = st_save({s.name: np.array(s.initial, order="C") for s in states})
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "eclat_version": eclat_version(),
         "created": time.time(), "target": target_name, "device": native.get("device"),
         "program": encode_program(program),
         "memory_plan": _plan_json(getattr(exe, "plan", None)),  # GPU executables keep their own buffers
         "native": native,
-        "inputs": [s.to_json() for s in model.inputs],
+        "inputs": [s.to_json() for s in model.program_inputs],
+        "states": [{"name": s.name, "axis": s.axis} for s in states],
         "in_structure": model.in_structure,
         "out_spec": _out_spec_text(model.out_spec),
         "report": report,
@@ -313,6 +319,7 @@ class Loaded:
     out_spec: Any
     report: CompileReport
     in_structure: Any
+    states: list[State] = dataclasses.field(default_factory=list)
 
 
 def _target(name: str, where: str) -> Any:
@@ -337,20 +344,51 @@ def load_artifact(path: str | os.PathLike) -> Loaded:
             program = decode_program(manifest["program"], {}, backend.schedule_from)
             specs = [InputSpec.from_json(s) for s in manifest["inputs"]]
             in_structure, out_spec = manifest.get("in_structure"), manifest.get("out_spec")
-            if in_structure is not None and structure_tensors(in_structure) != len(specs):
-                raise ArtifactError(f"{where}: its input structure passes {structure_tensors(in_structure)} "
-                                    f"arrays to a program of {len(specs)} inputs")
             if out_spec is not None:
                 json.loads(out_spec)  # torch's pytree JSON, read when a call brings torch tensors
             report = CompileReport.from_dict(manifest.get("report") or {})
             check_program(program, specs, where)
             _attach_weights(program, art, backend.optional_weights(program))
+            states = _states(manifest.get("states") or [], specs, art)
+            if in_structure is not None and structure_tensors(in_structure) != len(specs) - len(states):
+                raise ArtifactError(f"{where}: its input structure passes {structure_tensors(in_structure)} "
+                                    f"arrays to a program of {len(specs) - len(states)} inputs")
         with _refused(where, "cannot be loaded here"):
             exe = backend.load(program, manifest["native"], art)
     seconds = round(time.perf_counter() - start, 4)
     report.artifact = {"path": where, "format_version": manifest["format_version"],
                        "loaded_from": exe.loaded_from, "load_seconds": seconds}
-    return Loaded(exe, specs, out_spec, report, in_structure)
+    return Loaded(exe, specs, out_spec, report, in_structure, states)
+
+
+def _states(entries: list, specs: list[InputSpec], art: Artifact) -> list[State]:
+    """The states the manifest names, each the program input of its name among the last inputs,
+    with its initial value from the states member, checked against that input."""
+    if not entries:
+        return []
+    from safetensors.numpy import load as st_load
+
+    tail = specs[len(specs) - len(entries):]
+    if len(entries) > len(specs) or [e["name"] for e in entries] != [s.name for s in tail]:
+        names = [e.get("name") for e in entries]
+        raise ArtifactError(f"{art.path}: its states {names} are not its last inputs")
+    limit = sum(math.prod(s.shape) * s.dtype.np.itemsize + 256 for s in tail) + 4096
+    try:
+        stored = st_load(art.read(STATES, limit))
+    except ArtifactError:
+        raise
+    except Exception as e:
+        raise ArtifactError(f"{art.path}: {STATES} is malformed ({type(e).__name__}: {e})") from None
+    out = []
+    for e, spec in zip(entries, tail):
+        value, axis = stored.get(spec.name), e.get("axis")
+        if value is None or value.shape != spec.shape or value.dtype != spec.dtype.np:
+            raise ArtifactError(f"{art.path}: state {spec.name!r} has no value of "
+                                f"{spec.dtype.np}{list(spec.shape)}")
+        if axis is not None and (type(axis) is not int or not 0 <= axis < len(spec.shape)):
+            raise ArtifactError(f"{art.path}: state {spec.name!r} is updated along axis {axis!r}")
+        out.append(State(spec.name, value, axis))
+    return out
 
 
 @contextlib.contextmanager

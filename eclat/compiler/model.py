@@ -26,7 +26,8 @@ class CompiledModel:
                  states: list[State] | None = None):
         self.executable = executable
         self.state_specs = list(states or [])
-        inputs = inputs[:len(inputs) - len(self.state_specs)]  # the states are the program's last inputs
+        self.program_inputs = inputs  # the states are the program's last inputs, not arguments
+        inputs = inputs[:len(inputs) - len(self.state_specs)]
         self.inputs = inputs
         self.out_spec = out_spec
         self.in_structure = [None] * len(inputs) if in_structure is None else in_structure
@@ -178,7 +179,7 @@ def load(path: str) -> CompiledModel:
 
     loaded = load_artifact(path)
     return CompiledModel(loaded.executable, loaded.inputs, loaded.out_spec, loaded.report,
-                         loaded.in_structure)
+                         loaded.in_structure, loaded.states)
 
 
 def _describe(spec: InputSpec) -> str:

@@ -14,11 +14,19 @@ from .view import View
 def read_view(flat: np.ndarray, v: View, env: Mapping[str, int] | None = None) -> np.ndarray:
     """Gather the elements of v from a flat source array; masked elements read 0."""
     shape = tuple(int(evaluate(n, env)) for n in v.shape)
-    index = np.full(shape, int(evaluate(v.offset, env)), dtype=np.int64)
+    offset, strides = int(evaluate(v.offset, env)), [int(evaluate(s, env)) for s in v.strides]
+    if v.mask is None and all(s >= 0 for s in strides) and flat.size and 0 not in shape and \
+            offset + sum((n - 1) * s for n, s in zip(shape, strides)) < flat.size:
+        # an unmasked view is numpy's own strided view: no index arrays, and a broadcast stays one
+        flat = np.ascontiguousarray(flat).reshape(-1)
+        item = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat[offset:], shape, [s * item for s in strides],
+                                               writeable=False)
+    index = np.full(shape, offset, dtype=np.int64)
     valid = np.ones(shape, dtype=bool)
     for axis, n in enumerate(shape):
         ar = np.arange(n, dtype=np.int64).reshape([n if k == axis else 1 for k in range(len(shape))])
-        index = index + ar * int(evaluate(v.strides[axis], env))
+        index = index + ar * strides[axis]
         if v.mask is not None:
             lo, hi = (int(evaluate(b, env)) for b in v.mask[axis])
             valid = valid & (ar >= lo) & (ar < hi)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import time
 from dataclasses import dataclass, replace
 
@@ -66,6 +67,26 @@ class NativeRun:
         self._out_specs = [(self._index[name], tuple(shape), program.buffers[name].dtype.np)
                            for name, shape in zip(program.outputs, program.output_shapes)]
 
+    def share_weights(self, other: NativeRun) -> int:
+        """Bind each weight whose bytes equal one of other's to other's array, so that two programs
+        of one model (a prefill and a decode step) hold their weights once. Returns the bytes this
+        executable no longer holds. Not while calls run."""
+        theirs = {_digest(a): a for a in other._weights.values()}
+        names = {j: name for name, j in self._index.items()}
+        freed = 0
+        for j, a in list(self._weights.items()):
+            b = theirs.get(_digest(a))
+            if b is None or b is a or not np.array_equal(a, b):
+                continue
+            self._weights[j], name = b, names[j]
+            self.program.buffers[name] = replace(self.program.buffers[name], data=b)
+            packed = getattr(getattr(self, "module", None), "packed", {})
+            if name in packed:
+                packed[name] = b
+            freed += a.nbytes
+        self._free = [self._state()]
+        return freed
+
     def _state(self) -> _CallState:
         """Slots with the weights bound and an arena of the plan's size, 64-byte aligned."""
         arena = np.zeros(max(self.plan.arena_bytes, 1) + 64, dtype=np.uint8)
@@ -98,6 +119,10 @@ class NativeRun:
         finally:
             self._free.append(state)
         return outs
+
+
+def _digest(a: np.ndarray) -> tuple:
+    return a.dtype.str, a.shape, hashlib.blake2b(a.data, digest_size=16).digest()
 
 
 @dataclass(frozen=True)
