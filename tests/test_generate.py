@@ -106,8 +106,9 @@ def test_the_cli_compiles_saves_and_generates(tmp_path, capsys):
     factory.write_text("import torch, transformers\n"
                        "def make():\n"
                        "    torch.manual_seed(0)\n"
-                       "    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4, n_positions=64,\n"
-                       "        vocab_size=97, bos_token_id=1, eos_token_id=2, initializer_range=0.3)\n"
+                       "    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=4,\n"
+                       "        n_positions=64, vocab_size=97, bos_token_id=1, eos_token_id=2,\n"
+                       "        initializer_range=0.3)\n"
                        "    return transformers.GPT2LMHeadModel(config).eval()\n")
     out = tmp_path / "lm"
     assert main(["compile", f"{factory}:make", "--lm", "--max-len", "16", "--chunk", "4", "--autotune", "none",

@@ -316,7 +316,7 @@ def _from_program_cache(path: Path, graph: Graph, in_structure: Any, model: Any,
     device = _device(target, threads, cache_dir)
     if device is None:
         return None
-    reference = _eager_reference(model, example_inputs) if not graph.states else interpret(graph, arrays)
+    reference = _eager_reference(model, example_inputs)
     if reference is None:
         return None
     tdb, owned = _open_db(db, cache_dir)
@@ -341,14 +341,23 @@ def _from_program_cache(path: Path, graph: Graph, in_structure: Any, model: Any,
 
 
 def _eager_reference(model: Any, example_inputs: tuple) -> list[np.ndarray] | None:
-    """The model's outputs as torch runs it (None where it cannot: then no check, so no cache). Not
-    for a model with state: running it would update the user's buffers, and return no updates."""
+    """The model's outputs as torch runs it (None where it cannot: then no check, so no cache). A
+    model's buffers are cloned for the call: one it updates in place (a cache) is the user's, and
+    stays as it was. The state updates eclat returns after the outputs are not checked here; the
+    outputs read them."""
     import torch
 
     try:
+        args, kwargs = tuple(example_inputs), {}
+        if isinstance(model, torch.export.ExportedProgram):  # called as it was exported (keywords too)
+            flat = torch.utils._pytree.tree_leaves(args)
+            args, kwargs = torch.utils._pytree.tree_unflatten(flat, model.call_spec.in_spec)
+            model = model.module()
+        buffers = {name: b.clone() for name, b in model.named_buffers()}
         with torch.no_grad():
-            return [to_numpy(t) for t in torch.utils._pytree.tree_leaves(model(*example_inputs))]
-    except Exception:  # a model torch cannot run eagerly here, an exported program
+            out = torch.func.functional_call(model, buffers, args, kwargs, strict=False)
+        return [to_numpy(t) for t in torch.utils._pytree.tree_leaves(out)]
+    except Exception:  # a model torch cannot run eagerly here
         return None
 
 

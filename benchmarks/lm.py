@@ -1,0 +1,154 @@
+"""Language-model inference: time to first token and decode speed, eclat against transformers.
+
+    python benchmarks/lm.py [--models gpt2,llama] [--threads 1] [--prompts 128,512] [--new 128]
+                            [--autotune fast] [--torch-compile] [--out table.md]
+
+Models are random-weight configs (no download): GPT-2 small's shape (12 layers, d=768, 124M
+parameters) and a Llama of about 300M parameters. For each: eclat's compile time; time to first
+token for each prompt length (median of a few prefills); decode tokens/s over --new tokens after
+the longest prompt; the same for transformers eager `generate` (its dynamic cache) and, with
+--torch-compile, transformers with its static cache and a torch.compile'd forward. Decode is also
+given as a fraction of the bandwidth roofline: bytes read per token (every weight once, the KV
+cache eclat's static cache reads) over the triad bandwidth eclat's device probe measured.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads its OpenMP runtime
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import eclat  # noqa: E402
+
+
+def make(name: str) -> transformers.PreTrainedModel:
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12, bos_token_id=0, eos_token_id=0)
+    elif name == "llama":
+        config = transformers.LlamaConfig(num_hidden_layers=12, hidden_size=1024, intermediate_size=2816,
+                                          num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                                          max_position_embeddings=2048, bos_token_id=0, eos_token_id=0)
+    else:
+        raise SystemExit(f"unknown model {name!r}: gpt2 or llama")
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def median_s(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def hf_times(model, prompt: list[int], new: int, runs: int, **generate) -> tuple[float, float]:
+    """transformers generate: (seconds to the first token, decode tokens/s after it)."""
+    ids = torch.tensor([prompt])
+    mask = torch.ones_like(ids)
+
+    def run(n: int) -> None:
+        model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                       **generate)
+
+    run(2)  # warm-up (and torch.compile's compile)
+    first = median_s(lambda: run(1), runs)
+    total = median_s(lambda: run(new + 1), max(1, runs // 2))
+    return first, new / max(total - first, 1e-9)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gpt2,llama")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompts", default="128,512")
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--autotune", default="fast")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--torch-compile", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    prompts = [int(p) for p in args.prompts.split(",")]
+    max_len = max(prompts) + args.new + 1
+    chunk = min(args.chunk, max_len)
+
+    from eclat.autotune.device import get_device
+    from eclat.backends.cpu import host
+
+    about = host.description()
+    gbps = get_device("cpu", threads=args.threads).peak_gbps
+    lines = [f"host: {about['cpu']} ({about['vector_unit']}, {about['lanes']} float32 lanes), "
+             f"{os.cpu_count()} cores; {args.threads} thread(s); triad {gbps:.1f} GB/s; eclat autotune="
+             f"{args.autotune}, static cache of {max_len}, prefill chunk {chunk}", "",
+             "| model | runner | compile s | " + " | ".join(f"first token @{p} ms" for p in prompts) +
+             " | decode tok/s | of roofline | eclat speed-up |",
+             "|---|---|---|" + "---|" * len(prompts) + "---|---|---|"]
+    print("\n".join(lines), flush=True)
+    rng = np.random.default_rng(0)
+    notes: list[str] = []
+    for name in args.models.split(","):
+        model = make(name)
+        vocab = model.config.vocab_size
+        token_prompts = {p: rng.integers(1, vocab, p).tolist() for p in prompts}
+        params = sum(t.numel() for t in model.parameters())  # tied weights once
+        cfg = model.config
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        cache_bytes = 2 * cfg.num_hidden_layers * kv_heads * head_dim * max_len * 4
+        roof = gbps * 1e9 / (params * 4 + cache_bytes)  # tokens/s if every byte moved at triad speed
+
+        t = time.perf_counter()
+        lm = eclat.compile_lm(model, max_len=max_len, chunk=chunk, autotune=args.autotune,
+                              threads=args.threads, quiet=True)
+        compile_s = time.perf_counter() - t
+        firsts = [median_s(lambda t=token_prompts[p], lm=lm: lm.logits(t), args.runs) for p in prompts]
+        longest = token_prompts[max(prompts)]
+        _, rate = lm.tokens_per_second(longest, args.new)
+        rows = {"eclat": (f"{compile_s:.0f}", firsts, rate)}
+        check = torch.tensor([longest[:32]])
+        same = lm.generate(longest[:32], 16) == model.generate(
+            check, attention_mask=torch.ones_like(check), max_new_tokens=16, min_new_tokens=16,
+            do_sample=False)[0, check.shape[1]:].tolist()
+        with torch.inference_mode():
+            times = [hf_times(model, token_prompts[p], args.new if p == max(prompts) else 1, args.runs)
+                     for p in prompts]
+            rows["transformers eager"] = ("", [f for f, _ in times], times[-1][1])
+            if args.torch_compile:
+                compiled = make(name)
+                compiled.forward = torch.compile(compiled.forward)
+                t = time.perf_counter()
+                times = [hf_times(compiled, token_prompts[p], args.new if p == max(prompts) else 1, args.runs,
+                                  cache_implementation="static") for p in prompts]
+                rows["transformers torch.compile (static cache)"] = (f"{time.perf_counter() - t:.0f}",
+                                                                      [f for f, _ in times], times[-1][1])
+        for runner, (cs, fs, r) in rows.items():
+            speed = "" if runner == "eclat" else f"{rate / r:.2f}x decode"
+            firsts_ms = " | ".join(f"{f * 1e3:.0f}" for f in fs)
+            line = (f"| {name} ({params / 1e6:.0f}M) | {runner} | {cs} | {firsts_ms} | {r:.1f} | {r / roof:.0%} "
+                    f"| {speed} |")
+            lines.append(line)
+            print(line, flush=True)
+        notes.append(f"{name}: eclat's greedy tokens match transformers' generate: {same}")
+        print(notes[-1], flush=True)
+        del lm
+    if args.out:
+        Path(args.out).write_text("\n".join(lines + [""] + notes) + "\n")
+
+
+if __name__ == "__main__":
+    main()
