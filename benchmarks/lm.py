@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         for runner, (cs, fs, r) in rows.items():
             speed = "" if runner == "eclat" else f"{rate / r:.2f}x decode"
             firsts_ms = " | ".join(f"{f * 1e3:.0f}" for f in fs)
-            line = (f"| {name} ({params / 1e6:.0f}M) | {runner} | {cs} | {firsts_ms} | {r:.1f} | {r / roof:.0%} "
-                    f"| {speed} |")
+            line = (f"| {name} ({params / 1e6:.0f}M) | {runner} | {cs} | {firsts_ms} | {r:.1f} "
+                    f"| {r / roof:.0%} | {speed} |")
             lines.append(line)
             print(line, flush=True)
         notes.append(f"{name}: eclat's greedy tokens match transformers' generate: {same}")

@@ -111,8 +111,8 @@ def test_the_cli_compiles_saves_and_generates(tmp_path, capsys):
                        "        initializer_range=0.3)\n"
                        "    return transformers.GPT2LMHeadModel(config).eval()\n")
     out = tmp_path / "lm"
-    assert main(["compile", f"{factory}:make", "--lm", "--max-len", "16", "--chunk", "4", "--autotune", "none",
-                 "--quiet", "-o", str(out)]) == 0
+    assert main(["compile", f"{factory}:make", "--lm", "--max-len", "16", "--chunk", "4",
+                 "--autotune", "none", "--quiet", "-o", str(out)]) == 0
     lm = eclat.load(str(out))
     assert isinstance(lm, eclat.CausalLM) and (lm.max_len, lm.chunk) == (16, 4)
     want = lm.generate([5, 6, 7], 6)
