@@ -17,15 +17,19 @@ else it is the prompt's last `chunk` tokens, recomputing rows that hold the same
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .compiler.model import CompiledModel
+from .errors import EclatError
 
 LM_JSON, PREFILL, DECODE = "lm.json", "prefill.eclat", "decode.eclat"
 
@@ -137,14 +141,29 @@ def _sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, to
 def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "cpu",
                **options: Any) -> CausalLM:
     """A transformers causal LM (random or trained weights, batch 1) compiled for generation with a
-    static KV cache of max_len positions; options as eclat.compile's."""
+    static KV cache of max_len positions; options as eclat.compile's. With a search (autotune
+    "fast" or "full"), the result is kept in the cache folder, and a second compile of the same
+    model (config, weights, options, eclat's sources) loads it and checks it against the model's
+    own logits, without exporting again."""
+    if not 1 <= chunk <= max_len:
+        raise ValueError(f"chunk must be 1 to max_len ({max_len}), given {chunk}")
+    remember = _cache_folder(model, max_len, chunk, target, options)
+    if remember is not None and remember.is_dir():
+        lm = _checked(remember, model)
+        if lm is not None:
+            return lm
+    lm = _compile_programs(model, max_len, chunk, target, options)
+    if remember is not None:
+        _keep(lm, remember)
+    return lm
+
+
+def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options: dict) -> CausalLM:
     import torch
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     from .compiler.pipeline import compile_model
 
-    if not 1 <= chunk <= max_len:
-        raise ValueError(f"chunk must be 1 to max_len ({max_len}), given {chunk}")
     config = model.generation_config
     saved = (config.use_cache, config.cache_implementation, config.cache_config)
     config.use_cache, config.cache_implementation = True, "static"
@@ -162,3 +181,75 @@ def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "c
     finally:
         config.use_cache, config.cache_implementation, config.cache_config = saved
     return CausalLM(programs[0], programs[1], max_len, chunk)
+
+
+# --- the cache of compiled language models -------------------------------------------------------
+
+LM_CACHE_BYTES = 4 << 30  # compiled models kept (each holds its weights twice), least recently used out
+
+
+def _cache_folder(model: Any, max_len: int, chunk: int, target: str, options: dict) -> Path | None:
+    """Where this model compiled with these options is kept; None without a search (as for
+    eclat.compile's program cache) or without verification."""
+    if options.get("autotune", "fast") == "none" or options.get("verify", True) is False:
+        return None
+    import torch
+
+    from .autotune.cache import cache_dir, source_version
+
+    chosen = {key: options.get(key) for key in ("autotune", "threads", "k")}
+    h = hashlib.sha256(f"{type(model).__name__}|{model.config.to_json_string()}|{max_len}|{chunk}|{target}|"
+                       f"{sorted(chosen.items())}|{source_version()}".encode())
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous()
+        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+    return cache_dir(options.get("cache_dir")) / "lms" / h.hexdigest()[:32]
+
+
+def _checked(folder: Path, model: Any) -> CausalLM | None:
+    """The model kept in folder, if it loads and its prefill and decode logits agree with the
+    model's own on a few tokens; else None (then the caller compiles afresh)."""
+    import torch
+
+    try:
+        lm = load_lm(str(folder))
+        tokens = [(7 * k + 3) % model.config.vocab_size for k in range(min(lm.chunk, 6) + 1)]
+        with torch.no_grad():
+            want = model(torch.tensor([tokens])).logits[0].float().numpy()
+        got = [lm.logits(tokens[:-1]), lm.step(tokens[-1], len(tokens) - 1)]
+        scale = max(1.0, float(np.abs(want).max()))
+        if not all(np.allclose(g, w, rtol=1e-3, atol=1e-4 * scale) for g, w in zip(got, want[-2:])):
+            return None
+        os.utime(folder)  # used now: the last to be trimmed
+        return lm
+    except Exception:  # damaged, foreign, or built by another eclat: compile afresh
+        return None
+
+
+def _keep(lm: CausalLM, folder: Path) -> None:
+    """Save lm as folder (atomically: a reader never sees half of one); a cache that cannot be
+    written is only slower."""
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    try:
+        lm.save(str(tmp))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+        _trim(folder.parent)
+    except (OSError, EclatError):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _trim(root: Path, limit: int = LM_CACHE_BYTES) -> None:
+    kept = []
+    for d in root.iterdir():
+        try:
+            kept.append((d.stat().st_mtime, sum(f.stat().st_size for f in d.iterdir()), d))
+        except OSError:  # another process trimmed it
+            continue
+    total = sum(size for _, size, _ in kept)
+    for _, size, d in sorted(kept, key=lambda t: t[0]):
+        if total <= limit:
+            break
+        shutil.rmtree(d, ignore_errors=True)
+        total -= size

@@ -121,3 +121,20 @@ def test_the_cli_compiles_saves_and_generates(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == ",".join(map(str, want))
     assert main(["generate", str(out), "--tokens", "5,x"]) == 1
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_a_second_compile_loads_the_kept_model_and_checks_it(tmp_path, monkeypatch):
+    from eclat import generate
+
+    model = _model("gpt2")
+    options = dict(max_len=16, chunk=4, autotune="fast", quiet=True, cache_dir=str(tmp_path))
+    first = eclat.compile_lm(model, **options)
+    kept = list((tmp_path / "lms").iterdir())
+    assert len(kept) == 1 and (kept[0] / "lm.json").is_file()
+    monkeypatch.setattr(generate, "_compile_programs", lambda *a: pytest.fail("compiled again"))
+    second = eclat.compile_lm(model, **options)
+    assert second.generate([5, 6, 7], 8) == first.generate([5, 6, 7], 8) == _reference(model, [5, 6, 7], 8)
+    with torch.no_grad():  # other weights: another entry, compiled afresh
+        model.lm_head.weight.mul_(2)
+    with pytest.raises(pytest.fail.Exception, match="compiled again"):
+        eclat.compile_lm(model, **options)
