@@ -9,14 +9,19 @@ cache and updates the cache in place. eclat compiles it twice, a prefill program
 `chunk` tokens and a decode program over one, whose states (the cache, ir.graph.State) are one set
 of arrays: each call returns only the rows it adds, which are written into the cache in place.
 
-A prompt runs through the prefill program chunk by chunk. The last chunk is padded with token 0
-past the prompt when it fits in the cache (the padding writes cache rows that no real position
-attends to before a later step overwrites them: attention masks keys past the query's position),
-else it is the prompt's last `chunk` tokens, recomputing rows that hold the same values already.
+Both programs compute the logits of their last row only (transformers' `logits_to_keep`): over a
+chunk, the output head is otherwise most of a prefill's work, and only the last token's are
+used. A prompt runs through the prefill program chunk by chunk, so its last token must be the
+chunk's last row: when the prompt is longer than a chunk, the last chunk is its last `chunk`
+tokens (recomputing rows the cache holds already, with the same values); a shorter prompt is
+padded with token 0 after its end, then its last token runs again as a decode step, which
+rewrites its row and gives its logits. The padding writes cache rows that no real position
+reads before a later step overwrites them (attention masks keys past the query's position).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -61,16 +66,15 @@ class CausalLM:
             raise ValueError(f"a prompt of {n} tokens: expected 1 to {self.max_len} (the cache's length)")
         out = None
         for start in range(0, n, c):
-            window = tokens[start:start + c]
-            row = len(window) - 1
-            if len(window) < c:
-                if start + c > self.max_len:  # no room to pad: the last chunk tokens, recomputed
-                    start, window, row = n - c, tokens[n - c:], c - 1
-                else:
-                    window = window + [0] * (c - len(window))
-            out = self.prefill(np.array([window], np.int64), np.arange(start, start + c, dtype=np.int64))
-            out = out[0, row]
-        return np.asarray(out, np.float32)
+            window, positions = tokens[start:start + c], list(range(start, min(start + c, n)))
+            if len(window) < c and n >= c:  # the last c tokens, recomputing rows the cache holds
+                window, positions = tokens[n - c:], list(range(n - c, n))
+            elif len(window) < c:  # a short prompt: padded, then its last token again, as a step
+                window, positions = window + [0] * (c - n), list(range(c))
+            out = self.prefill(np.array([window], np.int64), np.array(positions, np.int64))
+        if n < c:
+            return self.step(tokens[-1], n - 1)
+        return np.asarray(out[0, -1], np.float32)  # the programs compute the last row's logits only
 
     def step(self, token: int, position: int) -> np.ndarray:
         """The next-token logits after `token` at `position`, the cache holding every earlier one."""
@@ -166,8 +170,10 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
 
     config = model.generation_config
     saved = (config.use_cache, config.cache_implementation, config.cache_config)
+    own = vars(model).get("forward")  # a forward the user set on the instance, kept
     config.use_cache, config.cache_implementation = True, "static"
     config.cache_config = {"batch_size": 1, "max_cache_len": max_len}
+    model.forward = functools.partial(model.forward, logits_to_keep=1)  # the last row's only
     try:
         exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_len)
         programs = []
@@ -180,6 +186,10 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
             programs.append(compile_model(exported, (ids, positions), target, **options))
     finally:
         config.use_cache, config.cache_implementation, config.cache_config = saved
+        if own is None:
+            del model.forward  # the class's own forward again
+        else:
+            model.forward = own
     return CausalLM(programs[0], programs[1], max_len, chunk)
 
 
