@@ -987,23 +987,20 @@ def _index(ctx: Ctx, x: Node, indices: Sequence[Node | None]) -> Node:
 
 def _put_rows(table: Node, lin: Node, vals: Node, accumulate: bool) -> Node:
     """table [P, *R] with row lin[b] replaced by (or, accumulating, increased by) vals[b]
-    for every b (lin [B], vals [B, *R]): a one-hot match of rows and updates, summed.
-    Without accumulation the last update of a row wins, as on torch's CPU."""
+    for every b (lin [B], vals [B, *R]). Without accumulation the last update of a row wins, as
+    on torch's CPU, read by a gather; accumulating, a one-hot match of rows and updates, summed."""
     rows, b, r = table.shape[0], lin.shape[0], table.shape[1:]
     hits = P.eq(g.expand_to(P.reshape(g.iota(rows, DType.int64), (rows, 1)), (rows, b)),
                 g.expand_to(lin, (rows, b)))
-    if not accumulate:
+    if not accumulate:  # each row reads the last update that lands on it: rows x B index work only
         order = g.expand_to(g.iota(b, DType.int64), (rows, b))
         last = g.reduce("max_reduce", P.where(hits, order, P.lift(-1, DType.int64)), 1)
-        hits = P.eq(order, g.expand_to(P.reshape(last, (rows, 1)), (rows, b)))
+        hit = g.expand_to(P.reshape(P.ge(last, 0), (rows, *(1,) * len(r))), table.shape)
+        return P.where(hit, g.gather(vals, last), table)  # (a row no update lands on: -1, clamped)
     full = (rows, *r, b)
     h = g.expand_to(P.reshape(hits, (rows, *(1,) * len(r), b)), full)
     v = g.expand_to(P.reshape(P.permute(vals, [*range(1, len(r) + 1), 0]), (1, *r, b)), full)
-    update = g.reduce("sum", P.where(h, v, P.lift(0, table.dtype)), len(full) - 1)
-    if accumulate:
-        return P.add(table, update)
-    hit = g.expand_to(P.reshape(g.reduce("max_reduce", hits, 1), (rows, *(1,) * len(r))), table.shape)
-    return P.where(hit, update, table)
+    return P.add(table, g.reduce("sum", P.where(h, v, P.lift(0, table.dtype)), len(full) - 1))
 
 
 def _inverse(order: Sequence[int]) -> list[int]:
@@ -1013,7 +1010,7 @@ def _inverse(order: Sequence[int]) -> list[int]:
 def _index_put(ctx: Ctx, x: Node, indices: Sequence[Node | None], values: Node, accumulate: bool = False
                ) -> Node:
     """x[indices] = values (or += with accumulate). Duplicate indices without accumulate
-    are summed (torch leaves their result undefined)."""
+    take the last update, as torch on the CPU (which leaves it undefined)."""
     given = [i for i in indices if i is not None]
     if any(i.dtype is DType.bool for i in given):
         if len(given) != 1 or prod(values.shape) != 1:
