@@ -76,11 +76,8 @@ def call_factory(spec: str) -> Any:
     return factory()
 
 
-def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
-    """Compile the model named by spec with the command's options: (compiled, model, inputs)."""
-    import eclat
-
-    model, inputs = load_factory(spec)
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """eclat.compile's options from the command's."""
     options: dict[str, Any] = {"autotune": args.autotune, "quiet": args.quiet}
     if getattr(args, "threads", None):
         options["threads"] = args.threads
@@ -88,6 +85,15 @@ def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
         options["k"] = args.candidates
     if getattr(args, "db", None):
         options["db"] = args.db
+    return options
+
+
+def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
+    """Compile the model named by spec with the command's options: (compiled, model, inputs)."""
+    import eclat
+
+    model, inputs = load_factory(spec)
+    options = _options(args)
     return eclat.compile(model, inputs, target=args.target, **options), model, inputs
 
 
@@ -126,10 +132,8 @@ def _compile_lm(args: argparse.Namespace, start: float) -> None:
 
     made = call_factory(args.model)
     model = made[0] if isinstance(made, tuple) else made
-    options: dict[str, Any] = {"autotune": args.autotune, "quiet": args.quiet}
-    if args.threads:
-        options["threads"] = args.threads
-    lm = eclat.compile_lm(model, max_len=args.max_len, chunk=args.chunk, target=args.target, **options)
+    lm = eclat.compile_lm(model, max_len=args.max_len, chunk=args.chunk, target=args.target,
+                          **_options(args))
     lm.save(args.output)
     print(f"{args.output}: prefill of {args.chunk} tokens and decode step, cache of {args.max_len} "
           f"positions, compiled for {args.target} in {time.perf_counter() - start:.1f} s")

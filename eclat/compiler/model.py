@@ -52,18 +52,18 @@ class CompiledModel:
         """run with the states as its last inputs, whose updates (the last outputs) are then written
         into them in place; calls take turns, since each sees the state the last one left."""
         lock = threading.Lock()
-        taken = sum(1 if s.axis is None else 2 for s in self.state_specs)
+        taken = sum(s.outputs for s in self.state_specs)
 
         def stateful(args: list[np.ndarray]) -> list[np.ndarray]:
             with lock:  # self.states may be replaced: two programs of one model share theirs
                 arrays = [self.states[s.name] for s in self.state_specs]
                 outs = run(list(args) + arrays)
-                updates = outs[len(outs) - taken:]
+                updates = iter(outs[len(outs) - taken:])
                 for s, state in zip(self.state_specs, arrays):
                     if s.axis is None:
-                        state[...] = updates.pop(0)
+                        state[...] = next(updates)
                     else:
-                        index, values = updates.pop(0), updates.pop(0)
+                        index, values = next(updates), next(updates)
                         state[(slice(None),) * s.axis + (index,)] = values
             return outs[:len(outs) - taken]
         return stateful

@@ -130,8 +130,7 @@ def _state_update(name: str, x: Node, new: torch.fx.Node, env: dict, ep) -> tupl
     index_copy_, which the program returns as index and values, so that the runtime writes only
     those rows), or a new whole value."""
     t = ep.state_dict.get(name, ep.constants.get(name))
-    initial = np.zeros([int(d) for d in x.shape], x.dtype.np) if t is None else \
-        (t.float() if x.dtype is DType.bfloat16 else t).detach().contiguous().numpy().copy()
+    initial = np.zeros([int(d) for d in x.shape], x.dtype.np) if t is None else _array(t, x.dtype)
     if new.target is torch.ops.aten.index_put.default and env.get(new.args[0]) is x and \
             not (len(new.args) > 3 and new.args[3]):
         given = [(axis, i) for axis, i in enumerate(new.args[1]) if i is not None]
@@ -161,11 +160,16 @@ def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list
             return tied[key]
         dtype = _dtype_or_raise(tensor.dtype, f"weight {spec.target!r}")
         t = tensor.detach()
-        array = (t.float() if dtype is DType.bfloat16 else t).contiguous().numpy().copy()
+        array = _array(t, dtype)
         ctx.weights[spec.target] = array
         tied[key] = g.weight(spec.target, array, dtype)
         return tied[key]
     raise UnsupportedOpError(f"graph input of kind {spec.kind.name}", detail=node.name)
+
+
+def _array(t: torch.Tensor, dtype: DType) -> np.ndarray:
+    """A weight's or state's own copy (bfloat16 widened: numpy has none)."""
+    return (t.float() if dtype is DType.bfloat16 else t).detach().contiguous().numpy().copy()
 
 
 def _user_output(spec) -> bool:

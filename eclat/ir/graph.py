@@ -236,6 +236,11 @@ class State:
     initial: np.ndarray
     axis: int | None = None
 
+    @property
+    def outputs(self) -> int:
+        """How many of the program's outputs its update takes."""
+        return 1 if self.axis is None else 2
+
 
 @dataclass
 class Graph:
