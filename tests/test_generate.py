@@ -50,6 +50,13 @@ def test_greedy_tokens_match_transformers(gpt2, prompt):
     assert lm.generate(prompt, new) == _reference(model, prompt, new)
 
 
+def test_layers_share_one_e_graph(gpt2):
+    _, lm = gpt2
+    for program in (lm.prefill, lm.decode):
+        stats = program.report()["egraph"]
+        assert stats["blocks"] < stats["segments"]  # the layers' cache inputs and updates do not stop reuse
+
+
 def test_the_cache_is_one_set_of_arrays_written_in_place(gpt2):
     _, lm = gpt2
     assert lm.decode.states is lm.prefill.states is lm.states

@@ -146,6 +146,22 @@ def test_column_sum_read_per_row_is_materialised():
     assert len(program.kernels) == 2
 
 
+def test_each_product_of_a_chain_gets_a_kernel_and_the_last_keeps_its_epilogue():
+    x = G.input_("x", (5, 8))
+    h, inputs = x, [x]
+    for k, (m, n) in enumerate([(8, 12), (12, 12), (12, 6)]):
+        w, b = G.input_(f"w{k}", (m, n)), G.input_(f"b{k}", (n,))
+        inputs += [w, b]
+        row = G.movement(b, lambda v, n=n: v.reshape((1, n)))
+        h = G.binary("add", matmul(h, w), G.expand_to(row, (5, n)))
+        h = G.unary("exp2", h) if k < 2 else h
+    graph = G.Graph(inputs, [h], {})
+    program = check(graph, [rand(*n.shape) * 0.3 for n in inputs], rtol=1e-4, atol=1e-5)
+    products = [k for k in program.kernels if any(isinstance(r, Reduce) for r in walk(k.body))]
+    assert len(products) == 3 and all(sum(isinstance(r, Reduce) for r in walk(k.body)) == 1 for k in products)
+    assert products[-1] is program.kernels[-1]  # the output's bias is added where its product is computed
+
+
 def rows(x: G.Node, cols: int) -> G.Node:
     """A per-row value [R] broadcast to [R, cols]."""
     return G.expand_to(G.movement(x, lambda v: v.reshape((x.shape[0], 1))), (x.shape[0], cols))

@@ -241,6 +241,45 @@ def test_blocks_match_only_equal_structure():
     assert all(blocks.match(mlp, s) is None for s in other)  # another MLP width is another block
 
 
+class _CachedLayers(torch.nn.Module):
+    """A decoder's shape of data flow: a table every layer reads (computed once, from the position),
+    each layer's own cache input and its own update returned, the stream between layers."""
+
+    def __init__(self, layers: int = 4, d: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = torch.nn.ModuleList(torch.nn.Linear(d, 2 * d) for _ in range(layers))
+        self.down = torch.nn.ModuleList(torch.nn.Linear(2 * d, d) for _ in range(layers))
+        self.d = d
+
+    def forward(self, x, pos, *caches):
+        table = torch.sin(pos[:, None] * torch.arange(self.d) / 7.0)
+        updates = []
+        for up, down, cache in zip(self.up, self.down, caches):
+            h = torch.nn.functional.layer_norm(x, (self.d,)) * table
+            updates.append(h * 2.0)
+            attn = torch.softmax(h @ cache.T, -1) @ cache
+            x = x + down(torch.relu(up(attn)))
+        return x, *updates
+
+
+def test_layers_with_side_values_and_their_own_inputs_are_optimised_once():
+    from eclat.frontend.lower import lower
+    from eclat.rewrites import blocks
+
+    layers, d = 4, 16
+    example = (torch.randn(3, d), torch.arange(3.0), *(torch.randn(5, d) for _ in range(layers)))
+    graph = lower(_CachedLayers(layers, d), example)
+    _, reps = blocks.blocks(graph)
+    repeated = [members for rep, members in reps if len(members) > 1]
+    # the table is read by every layer, each layer reads its own cache and returns its update
+    assert repeated and max(len(m) for m in repeated) >= layers - 1
+    res = optimize(graph, "cpu", k=3)
+    assert res.stats["blocks"] < res.stats["segments"]
+    for cand in res.candidates:
+        assert_same(graph, cand)
+
+
 def test_symbolic_sequence_length():
     from eclat.ir.symbolic import Var
 

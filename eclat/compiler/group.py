@@ -71,7 +71,7 @@ def group(graph: Graph) -> Program:
     forced = {id(n.srcs[0]) for n in nodes if n.op == "gather"}
     forced |= {id(n) for n in nodes if n.op == "contiguous"}
     forced |= {id(o) for o in graph.outputs}
-    chosen: set[int] = set()
+    chosen = _contractions_under_reduces(graph, nodes, forced)
     # the first attempt fuses all it can: through a deep model (a 12-layer decode step) its
     # expressions nest a few frames per node, before `offenders` cuts them into kernels
     limit = sys.getrecursionlimit()
@@ -86,6 +86,33 @@ def group(graph: Graph) -> Program:
     finally:
         sys.setrecursionlimit(limit)
     raise EclatError("kernel grouping did not converge")  # pragma: no cover
+
+
+def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int]) -> set[int]:
+    """The contractions that the first, fully fused attempt would inline into a kernel with a
+    reduce reading them (through elementwise ops and views): it materialises every one of them
+    (a contraction sharing its kernel with another reduction), so the fixpoint starts from them.
+    Without them the first attempt inlines a whole model into each output, and its cost grows
+    with the square of the depth."""
+    reduce_nodes = [n for n in nodes if n.kind == "reduce"]
+    shallow = _Grouping(graph, nodes, forced | {id(n) for n in reduce_nodes})
+    body = {k.out: k.body for k in shallow.kernels}
+    fv_memo: dict = {}
+    contraction = {id(n) for n in reduce_nodes if isinstance(r := body.get(shallow.buf_of.get(id(n))), Reduce)
+                   and _is_contraction(r, fv_memo)}
+    seed: set[int] = set()
+    for r in reduce_nodes:
+        stack, seen = [r.srcs[0]], set()
+        while stack:
+            n = stack.pop()
+            if id(n) in seen or id(n) in forced:
+                continue
+            seen.add(id(n))
+            if n.kind == "reduce":
+                seed |= {id(n)} & contraction
+            elif n.kind in ("unary", "binary", "ternary", "composite", "view"):
+                stack.extend(n.srcs)
+    return seed
 
 
 def _products_before_masks(graph: Graph) -> Graph:

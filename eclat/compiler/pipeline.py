@@ -152,7 +152,7 @@ def _specs(graph: Graph) -> list[InputSpec]:
 
 def _egraph_stats(egraph: dict) -> EgraphStats:
     return EgraphStats(*(egraph.get(key) for key in ("enodes", "eclasses", "iterations", "seconds", "rules",
-                                                      "stopped", "merged")))
+                                                      "stopped", "merged", "segments", "blocks")))
 
 
 def _candidates(graph: Graph, target: str, k: int, device: Any = None) -> tuple[list[Graph], dict]:

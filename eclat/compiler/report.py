@@ -34,6 +34,8 @@ class EgraphStats:
     rules: Any = None  # matches per rule set and rule
     stopped: str | None = None  # how each stage ended: saturated, or which budget stopped it
     merged: int | None = None  # groups of products merged into one (horizontal merges)
+    segments: int | None = None  # pieces the graph was cut into between layers (rewrites/blocks.py)
+    blocks: int | None = None  # distinct pieces the e-graph saw: the others reuse their candidates
 
 
 @dataclass

@@ -62,11 +62,12 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
             r, m = of_segment[i]
             opt, enc, rep_weights = parts[r]
             cand = _pick(opt.candidates, c)
-            cut = value.get(id(seg.cut_in))
+            ins = [value[id(v)] for v in seg.ins]
             m = merge.rebound(cand, m, enc.joined, rep_weights, weights, made)
-            outs = blocks.rebind(cand, m, cut, enc.new_weights, rep_weights, weights, made)
+            outs = blocks.rebind(cand, m, ins, enc.new_weights, rep_weights, weights, made)
             value.update((id(o), v) for o, v in zip(seg.outputs, outs))
-        graphs.append(Graph(graph.inputs, [value[id(o)] for o in graph.outputs], weights, graph.out_spec))
+        outputs = [value.get(id(o), o) for o in graph.outputs]  # a leaf output is no segment's
+        graphs.append(Graph(graph.inputs, outputs, weights, graph.out_spec))
     stats = {
         "enodes": sum(o.stats["enodes"] for o, _, _ in parts),
         "eclasses": sum(o.stats["eclasses"] for o, _, _ in parts),

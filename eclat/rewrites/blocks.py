@@ -1,9 +1,13 @@
 """Repeated blocks: optimise one transformer layer, reuse it for every identical layer.
 
-`split` cuts the graph where a single computed value is all that flows onward (the
-residual stream between layers). Segments with the same structure (weights compared by
-shape and dtype, not by name) form a group; one representative per group goes through
-the e-graph and its candidates are re-bound to every member's own leaves.
+`split` cuts the graph where one value computed there is all that flows onward besides
+the side values later layers read (a decoder's rotary tables and attention mask: the values
+live longest, as many as make the most of the graph repeat). A segment reads the values of
+earlier segments it needs (`ins`) and hands on those later ones read or the graph returns
+(`outputs`: the residual stream, a KV cache's update). Segments with the same structure
+(weights and inputs compared by shape and dtype, not by name) form a group; one
+representative per group goes through the e-graph and its candidates are re-bound to every
+member's own leaves and ins.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from .layout import laid_out
 
 LEAVES = ("input", "weight", "const", "iota")
 CUT = "__cut__"
+MAX_SIDES = 8  # side values (a decoder's rotary tables and mask) tried, the longest-lived first
 
 
 @dataclass
 class Segment:
-    cut_in: Node | None       # the value flowing in from the previous segment
-    outputs: list[Node]
+    ins: list[Node]      # values of earlier segments it reads, by where they are computed
+    outputs: list[Node]  # values it computes that later segments read or the graph returns
 
 
 def _constant(graph: Graph) -> set[int]:
@@ -35,32 +40,96 @@ def _constant(graph: Graph) -> set[int]:
     return const
 
 
-def split(graph: Graph) -> list[Segment]:
-    """Segments between single-value cuts, in order."""
+def _order(graph: Graph) -> list[Node]:
+    """The computed nodes segments are cut from, sources first. A value only the graph returns
+    (a cache update after the logits), and the views that only it reads, come right after their
+    sources, not at the end where the walk from the outputs puts them: there they would keep
+    every layer's values live to the end."""
     const = _constant(graph)
     order = [n for n in graph.nodes() if n.op not in LEAVES and id(n) not in const]
+    pos = {id(n): p for p, n in enumerate(order)}
+    read: dict[int, list[Node]] = {}
+    for n in order:
+        for s in n.srcs:
+            read.setdefault(id(s), []).append(n)
+    early: set[int] = set()
+    for n in reversed(order):
+        users = read.get(id(n), [])
+        if not users or n.op == "view" and all(id(u) in early for u in users):
+            early.add(id(n))
+    anchor: dict[int, int] = {}
+    for n in order:
+        if id(n) in early:
+            anchor[id(n)] = max((anchor.get(id(s), pos[id(s)]) for s in n.srcs if id(s) in pos), default=-1)
+    place = {id(n): (anchor[id(n)], 1, pos[id(n)]) if id(n) in early else (pos[id(n)], 0, 0) for n in order}
+    return sorted(order, key=lambda n: place[id(n)])
+
+
+def split(graph: Graph, min_nodes: int = 16) -> list[Segment]:
+    """Segments between cuts, in order."""
+    return segments(graph, *_cuts(graph, min_nodes))
+
+
+def _cuts(graph: Graph, min_nodes: int) -> tuple[list[Node], list[int]]:
+    """The computed nodes and the positions among them a segment ends at: after a value that is,
+    with the side values, all that is live there. The side values are the j values live longest,
+    for the j (at most MAX_SIDES) whose segments repeat the most nodes. A graph output nothing
+    reads later is handed on by its segment and does not stay live."""
+    order = _order(graph)
     pos = {id(n): p for p, n in enumerate(order)}
     last = {id(n): p for p, n in enumerate(order)}
     for p, n in enumerate(order):
         for s in n.srcs:
             if id(s) in pos:
                 last[id(s)] = max(last[id(s)], p)
-    for o in graph.outputs:
-        last[id(o)] = len(order)
-    # live[p] = how many values computed at or before p are still needed after p
+    longest = sorted((n for n in order if last[id(n)] > pos[id(n)]), key=lambda n: pos[id(n)] - last[id(n)])
+    best: tuple[int, list[int]] = (-1, [])
+    for j in range(min(MAX_SIDES, len(longest)) + 1):
+        cuts = _cut_points(order, pos, last, {id(n) for n in longest[:j]})
+        reps = group(segments(graph, order, cuts))
+        saved = sum((len(members) - 1) * len(_nodes(rep))
+                    for rep, members in reps if len(_nodes(rep)) >= min_nodes)
+        best = max(best, (saved, cuts), key=lambda t: t[0])
+    return order, best[1]
+
+
+def _cut_points(order: list[Node], pos: dict[int, int], last: dict[int, int], side: set[int]) -> list[int]:
+    """The positions after which one value besides the side values is live, that value just computed."""
     starts = np.zeros(len(order) + 1, np.int64)
     ends = np.zeros(len(order) + 1, np.int64)
     for n in order:
-        starts[pos[id(n)]] += 1
-        ends[last[id(n)]] += 1
-    live = np.cumsum(starts) - np.cumsum(ends)
-    cuts = [order[p] for p in range(len(order) - 1) if live[p] == 1 and last[id(order[p])] > p]
-    segments, prev = [], None
-    for c in cuts:
-        segments.append(Segment(prev, [c]))
-        prev = c
-    segments.append(Segment(prev, list(graph.outputs)))
-    return segments
+        if id(n) not in side:
+            starts[pos[id(n)]] += 1
+            ends[last[id(n)]] += 1
+    live = np.cumsum(starts) - np.cumsum(ends)  # values computed at or before p and read after it
+    return [p for p in range(len(order) - 1)
+            if live[p] == 1 and last[id(order[p])] > p and id(order[p]) not in side]
+
+
+def segments(graph: Graph, order: list[Node], cuts: list[int]) -> list[Segment]:
+    """The segments of order ending at each cut position (and at its end): what each reads from
+    earlier ones and hands on."""
+    seg_of: dict[int, int] = {}
+    bounds = [*cuts, len(order) - 1]
+    j = 0
+    for p, n in enumerate(order):
+        seg_of[id(n)] = j
+        if p == bounds[j] and j < len(bounds) - 1:
+            j += 1
+    count = j + 1
+    ins: list[dict[int, Node]] = [{} for _ in range(count)]
+    outs: list[dict[int, Node]] = [{} for _ in range(count)]
+    for n in order:
+        for s in n.srcs:
+            if id(s) in seg_of and seg_of[id(s)] != seg_of[id(n)]:
+                ins[seg_of[id(n)]][id(s)] = s
+                outs[seg_of[id(s)]][id(s)] = s
+    for o in graph.outputs:
+        if id(o) in seg_of:
+            outs[seg_of[id(o)]][id(o)] = o
+    pos = {id(n): p for p, n in enumerate(order)}
+    by_pos = lambda d: sorted(d.values(), key=lambda n: pos[id(n)])
+    return [Segment(by_pos(ins[j]), by_pos(outs[j])) for j in range(count)]
 
 
 def _key(n: Node) -> tuple:
@@ -69,17 +138,15 @@ def _key(n: Node) -> tuple:
         hash(arg)
     except TypeError:
         arg = repr(arg)
-    if n.op == "weight":
-        arg = None  # weights of one shape are interchangeable between blocks
+    if n.op in ("weight", "input"):
+        arg = None  # weights and inputs (a layer's own KV cache) of one shape are interchangeable
     return (n.op, arg, tuple(map(str, n.shape)), n.dtype)
 
 
 def _nodes(seg: Segment) -> list[Node]:
-    """The segment's nodes, sources first, not looking past its cut_in."""
-    order, seen = [], {id(seg.cut_in)} if seg.cut_in is not None else set()
+    """The segment's nodes, sources first, its ins first, not looking past them."""
+    order, seen = list(seg.ins), {id(n) for n in seg.ins}
     stack: list[tuple[Node, bool]] = [(o, False) for o in reversed(seg.outputs)]
-    if seg.cut_in is not None:
-        order.append(seg.cut_in)
     while stack:
         n, done = stack.pop()
         if done:
@@ -93,21 +160,22 @@ def _nodes(seg: Segment) -> list[Node]:
 
 def match(a: Segment, b: Segment) -> dict[int, Node] | None:
     """b's node for each of a's (by id) when the two segments have one structure, else None."""
-    if len(a.outputs) != len(b.outputs) or (a.cut_in is None) != (b.cut_in is None):
+    if len(a.outputs) != len(b.outputs) or len(a.ins) != len(b.ins):
         return None
     m: dict[int, Node] = {}
     back: dict[int, int] = {}
     pairs = list(zip(a.outputs, b.outputs))
-    if a.cut_in is not None:
-        pairs.append((a.cut_in, b.cut_in))
-        m[id(a.cut_in)], back[id(b.cut_in)] = b.cut_in, id(a.cut_in)
+    for x, y in zip(a.ins, b.ins):  # computed elsewhere: only their shapes need agree
+        if (x.shape, x.dtype) != (y.shape, y.dtype) or id(x) in m or id(y) in back:
+            return None
+        m[id(x)], back[id(y)] = y, id(x)
     while pairs:
         x, y = pairs.pop()
         if id(x) in m or id(y) in back:
             if m.get(id(x)) is not y or back.get(id(y)) != id(x):
                 return None  # the sharing differs
             continue
-        if _key(x) != _key(y) or len(x.srcs) != len(y.srcs) or (x.op == "input" and x is not y):
+        if _key(x) != _key(y) or len(x.srcs) != len(y.srcs):
             return None
         m[id(x)], back[id(y)] = y, id(x)
         pairs.extend(zip(x.srcs, y.srcs))
@@ -117,16 +185,12 @@ def match(a: Segment, b: Segment) -> dict[int, Node] | None:
 def blocks(graph: Graph, min_nodes: int = 16) -> tuple[list[Segment], list[tuple[Segment, list]]]:
     """Segments and their groups. Segments worth reusing (repeated, at least min_nodes nodes)
     stand alone; each run of the others between them is merged into one segment."""
-    segments = split(graph)
-    reps = group(segments)
+    order, cuts = _cuts(graph, min_nodes)
+    reps = group(segments(graph, order, cuts))
     keep = {i for rep, members in reps if len(members) > 1 and len(_nodes(rep)) >= min_nodes
             for i, _ in members}
-    merged: list[Segment] = []
-    for i, seg in enumerate(segments):
-        if i in keep or i == 0 or i - 1 in keep:
-            merged.append(seg)
-        else:
-            merged[-1] = Segment(merged[-1].cut_in, seg.outputs)
+    # a cut stays where the segment before or after it is kept: the others merge into runs
+    merged = segments(graph, order, [p for i, p in enumerate(cuts) if i in keep or i + 1 in keep])
     return merged, group(merged)
 
 
@@ -145,12 +209,11 @@ def group(segments: list[Segment]) -> list[tuple[Segment, list[tuple[int, dict[i
 
 
 def rep_graph(seg: Segment, graph: Graph) -> Graph:
-    """The segment as a graph of its own: the cut value becomes the input CUT."""
-    inputs = list(graph.inputs)
+    """The segment as a graph of its own: its k-th in becomes the input CUT + k."""
     new: dict[int, Node] = {}
-    if seg.cut_in is not None:
-        inputs.insert(0, Node("input", (), CUT, seg.cut_in.shape, seg.cut_in.dtype))
-        new[id(seg.cut_in)] = inputs[0]
+    for k, v in enumerate(seg.ins):
+        new[id(v)] = Node("input", (), f"{CUT}{k}", v.shape, v.dtype)
+    inputs = [new[id(v)] for v in seg.ins] + list(graph.inputs)
     for n in _nodes(seg):
         if id(n) in new:
             continue
@@ -162,14 +225,15 @@ def rep_graph(seg: Segment, graph: Graph) -> Graph:
     return Graph(inputs, outputs, {w: a for w, a in graph.weights.items() if w in used})
 
 
-def rebind(cand: Graph, m: dict[int, Node], cut: Node | None, recipes: dict[str, tuple[str, View]],
+def rebind(cand: Graph, m: dict[int, Node], ins: list[Node], recipes: dict[str, tuple[str, View]],
            rep_weights: dict[str, Node], weights: dict[str, np.ndarray],
            made: dict[str, np.ndarray]) -> list[Node]:
     """cand's outputs rebuilt on another segment's leaves (m: the match of the representative
-    to it; cut: the value flowing in). A laid-out weight is re-made from its new source
+    to it; ins: the values flowing in). A laid-out weight is re-made from its new source
     (rep_weights: the representative's weights by name; weights gains the new arrays, made
     caches them between candidates)."""
-    leaf = lambda n: cut if n.op == "input" and n.arg == CUT else m.get(id(n), n)
+    cut = {f"{CUT}{k}": v for k, v in enumerate(ins)}
+    leaf = lambda n: cut[n.arg] if n.op == "input" and n.arg in cut else m.get(id(n), n)
     new: dict[int, Node] = {}
     for n in cand.nodes():
         if n.op == "weight" and n.arg in recipes:
