@@ -225,17 +225,21 @@ def ravel(idxs: Sequence[Expr], shape: Sequence[int]) -> Expr:
     return flat
 
 
-def _cost(e: KExpr) -> int:
-    """Elementwise operations in e, not counting reduces (they are hoisted and shared)."""
+def _costly(e: KExpr) -> bool:
+    """Whether e has at least SHARE_COST elementwise operations, not counting reduces (they are
+    hoisted and shared); the walk stops once it has counted that many."""
     seen: set[int] = set()
-
-    def go(x: KExpr) -> int:
+    stack, total = [e], 0
+    while stack:
+        x = stack.pop()
         if id(x) in seen or isinstance(x, Reduce):
-            return 0
+            continue
         seen.add(id(x))
-        own = OP_COST.get(x.op, 1) if isinstance(x, Op) else 0
-        return own + sum(go(c) for c in children(x))
-    return go(e)
+        total += OP_COST.get(x.op, 1) if isinstance(x, Op) else 0
+        if total >= SHARE_COST:
+            return True
+        stack.extend(children(x))
+    return False
 
 
 def _is_contraction(r: Reduce, fv_memo: dict | None = None) -> bool:
@@ -402,7 +406,7 @@ class _Grouping:
         deepest = max((p for p, v in enumerate(loops) if v in fv), default=-1)
         if n is not None and id(n) not in self.buf_of:
             factor = math.prod(sizes[v] for v in loops[:deepest] if v not in fv)
-            costly = isinstance(x, Reduce) or _cost(x) >= SHARE_COST
+            costly = isinstance(x, Reduce) or _costly(x)
             if factor > 1 and (in_reduce or costly):
                 redundant.add(id(n))
                 return

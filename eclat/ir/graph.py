@@ -308,17 +308,36 @@ def _describe_arg(n: Node) -> str:
 
 def decompose_composites(graph: Graph, keep: set[str] = frozenset()) -> Graph:
     """The same graph with every composite op not in `keep` replaced by primitives."""
-    new: dict[int, Node] = {}
-    for n in graph.nodes():
-        srcs = [new[id(s)] for s in n.srcs]
-        if n.kind == "composite" and n.op not in keep:
-            node = OPS[n.op].decompose(Node(n.op, srcs, n.arg, n.shape, n.dtype))
-            new[id(n)] = decompose_composites(Graph([], [node], graph.weights), keep).outputs[0]
-        elif n.srcs and any(a is not b for a, b in zip(srcs, n.srcs)):
-            new[id(n)] = Node(n.op, srcs, n.arg, n.shape, n.dtype)
-        else:
-            new[id(n)] = n
-    return Graph(graph.inputs, [new[id(o)] for o in graph.outputs], graph.weights, graph.out_spec)
+    new: dict[int, tuple[Node, Node]] = {}  # id -> (node, its rebuilt self): holding both keeps ids unique
+
+    def rebuilt(root: Node) -> Node:
+        """root with the composites below it expanded, not walking below what is rebuilt already (a
+        composite's expansion is walked alone, not the graph under its operands again)."""
+        order: list[Node] = []
+        seen: set[int] = set()
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+            elif id(node) not in seen and id(node) not in new:
+                seen.add(id(node))
+                stack.append((node, True))
+                stack.extend((s, False) for s in reversed(node.srcs))
+        for n in order:
+            srcs = [new[id(s)][1] for s in n.srcs]
+            if n.kind == "composite" and n.op not in keep:
+                out = rebuilt(OPS[n.op].decompose(Node(n.op, srcs, n.arg, n.shape, n.dtype)))
+            elif any(a is not b for a, b in zip(srcs, n.srcs)):
+                out = Node(n.op, srcs, n.arg, n.shape, n.dtype)
+            else:
+                out = n
+            new[id(n)] = (n, out)
+            new.setdefault(id(out), (out, out))  # an expansion's own nodes are final
+        return new[id(root)][1]
+
+    outputs = [rebuilt(o) for o in graph.outputs]
+    return Graph(graph.inputs, outputs, graph.weights, graph.out_spec)
 
 
 def numel(shape: Sequence[sint]) -> int | None:
