@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads its Op
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,6 +71,24 @@ def hf_times(model, prompt: list[int], new: int, runs: int, **generate) -> tuple
     return first, new / max(total - first, 1e-9)
 
 
+def compile_times(name: str, max_len: int, chunk: int, autotune: str, threads: int) -> str:
+    """The first compile of a model into an empty cache folder and the second from it, with what the
+    first spent on the e-graph and how many candidates it timed, per program."""
+    model = make(name)
+    with tempfile.TemporaryDirectory() as cache:
+        times, lms = [], []
+        for _ in range(2):
+            t = time.perf_counter()
+            lms.append(eclat.compile_lm(model, max_len=max_len, chunk=chunk, autotune=autotune,
+                                        threads=threads, quiet=True, cache_dir=cache))
+            times.append(time.perf_counter() - t)
+    reports = [p.report() for p in (lms[0].prefill, lms[0].decode)]
+    egraph = ", ".join(f"{r['egraph']['seconds']:.1f}" for r in reports)
+    timed = ", ".join(str(r["candidates"]["timed"]) for r in reports)
+    return (f"{name}: first compile {times[0]:.1f} s (e-graph {egraph} s, candidates timed {timed}; "
+            f"prefill, decode), second from the cache {times[1]:.1f} s")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2,llama")
@@ -81,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--torch-compile", action="store_true")
     ap.add_argument("--out")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="compile each model twice into an empty cache folder and report only the compiles")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     prompts = [int(p) for p in args.prompts.split(",")]
@@ -99,6 +120,10 @@ def main(argv: list[str] | None = None) -> None:
              " | decode tok/s | of roofline | eclat speed-up |",
              "|---|---|---|" + "---|" * len(prompts) + "---|---|---|"]
     print("\n".join(lines), flush=True)
+    if args.compile_only:
+        for name in args.models.split(","):
+            print(compile_times(name, max_len, chunk, args.autotune, args.threads), flush=True)
+        return
     rng = np.random.default_rng(0)
     notes: list[str] = []
     for name in args.models.split(","):
