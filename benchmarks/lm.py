@@ -42,8 +42,12 @@ def make(name: str) -> transformers.PreTrainedModel:
         config = transformers.LlamaConfig(num_hidden_layers=12, hidden_size=1024, intermediate_size=2816,
                                           num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
                                           max_position_embeddings=2048, bos_token_id=0, eos_token_id=0)
+    elif name == "llama1b":  # the "1B" shape: 0.85B parameters, 3.4 GB of float32 weights
+        config = transformers.LlamaConfig(num_hidden_layers=16, hidden_size=2048, intermediate_size=5632,
+                                          num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                                          max_position_embeddings=2048, bos_token_id=0, eos_token_id=0)
     else:
-        raise SystemExit(f"unknown model {name!r}: gpt2 or llama")
+        raise SystemExit(f"unknown model {name!r}: gpt2, llama or llama1b")
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
