@@ -167,6 +167,7 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     from .compiler.pipeline import compile_model
+    from .frontend.lower import sharing_weights
 
     config = model.generation_config
     saved = (config.use_cache, config.cache_implementation, config.cache_config)
@@ -177,13 +178,14 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
     try:
         exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_len)
         programs = []
-        for n in (chunk, 1):
-            ids, positions = torch.zeros(1, n, dtype=torch.long), torch.arange(n)
-            with torch.no_grad(), warnings.catch_warnings():
-                # dynamo notes transformers' output-capturing global: not the user's concern
-                warnings.filterwarnings("ignore", message=".*side effects happened.*")
-                exported = exportable.export(input_ids=ids, cache_position=positions)
-            programs.append(compile_model(exported, (ids, positions), target, **options))
+        with sharing_weights():
+            for n in (chunk, 1):
+                ids, positions = torch.zeros(1, n, dtype=torch.long), torch.arange(n)
+                with torch.no_grad(), warnings.catch_warnings():
+                    # dynamo notes transformers' output-capturing global: not the user's concern
+                    warnings.filterwarnings("ignore", message=".*side effects happened.*")
+                    exported = exportable.export(input_ids=ids, cache_position=positions)
+                programs.append(compile_model(exported, (ids, positions), target, **options))
     finally:
         config.use_cache, config.cache_implementation, config.cache_config = saved
         if own is None:

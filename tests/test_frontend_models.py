@@ -317,3 +317,18 @@ def test_model_without_parameters_lowers() -> None:
     x = torch.randn(4, 16)
     (got,) = run(lower(torch.nn.Softmax(dim=-1), (x,)), [x.numpy()])
     np.testing.assert_allclose(got, torch.softmax(x, -1).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_lowerings_share_weights_only_when_asked():
+    from eclat.frontend.lower import lower, sharing_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 4)
+    with sharing_weights():
+        a, b = lower(model, (x,)), lower(model, (x[:1],))
+    assert all(a.weights[n] is b.weights[n] for n in a.weights)  # one copy for both programs
+    c = lower(model, (x,))
+    assert all(c.weights[n] is not a.weights[n] for n in a.weights)
+    np.testing.assert_array_equal(a.weights[next(iter(a.weights))], c.weights[next(iter(c.weights))])
+    model[0].weight.data.add_(1.0)  # the compiled copies do not follow the model
+    assert not np.shares_memory(c.weights[next(iter(c.weights))], model[0].weight.detach().numpy())

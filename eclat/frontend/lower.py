@@ -7,6 +7,9 @@ import operator
 import os
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -159,12 +162,31 @@ def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list
         if key in tied:
             return tied[key]
         dtype = _dtype_or_raise(tensor.dtype, f"weight {spec.target!r}")
-        t = tensor.detach()
-        array = _array(t, dtype)
+        shared = _SHARED_WEIGHTS.get()
+        if shared is None or key not in shared:
+            array = _array(tensor.detach(), dtype)
+            if shared is not None:
+                shared[key] = (tensor, array)  # the tensor held, so that its address stays its own
+        else:
+            array = shared[key][1]
         ctx.weights[spec.target] = array
         tied[key] = g.weight(spec.target, array, dtype)
         return tied[key]
     raise UnsupportedOpError(f"graph input of kind {spec.kind.name}", detail=node.name)
+
+
+_SHARED_WEIGHTS: ContextVar[dict | None] = ContextVar("eclat_shared_weights", default=None)
+
+
+@contextmanager
+def sharing_weights() -> Iterator[None]:
+    """Within it, lowerings of programs that read the same tensors (a language model's prefill and
+    decode) share one copy of each weight: the compile then holds the weights once."""
+    token = _SHARED_WEIGHTS.set({})
+    try:
+        yield
+    finally:
+        _SHARED_WEIGHTS.reset(token)
 
 
 def _array(t: torch.Tensor, dtype: DType) -> np.ndarray:
