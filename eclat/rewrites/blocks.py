@@ -67,14 +67,16 @@ def _order(graph: Graph) -> list[Node]:
 
 def split(graph: Graph, min_nodes: int = 16) -> list[Segment]:
     """Segments between cuts, in order."""
-    return segments(graph, *_cuts(graph, min_nodes))
+    order, cuts, _ = _cuts(graph, min_nodes)
+    return segments(graph, order, cuts)
 
 
-def _cuts(graph: Graph, min_nodes: int) -> tuple[list[Node], list[int]]:
-    """The computed nodes and the positions among them a segment ends at: after a value that is,
-    with the side values, all that is live there. The side values are the j values live longest,
-    for the j (at most MAX_SIDES) whose segments repeat the most nodes. A graph output nothing
-    reads later is handed on by its segment and does not stay live."""
+def _cuts(graph: Graph, min_nodes: int) -> tuple[list[Node], list[int], list]:
+    """The computed nodes, the positions among them a segment ends at (after a value that is,
+    with the side values, all that is live there) and the groups of those segments. The side
+    values are the j values live longest, for the j (at most MAX_SIDES) whose segments repeat the
+    most nodes. A graph output nothing reads later is handed on by its segment and does not stay
+    live."""
     order = _order(graph)
     pos = {id(n): p for p, n in enumerate(order)}
     last = {id(n): p for p, n in enumerate(order)}
@@ -83,14 +85,19 @@ def _cuts(graph: Graph, min_nodes: int) -> tuple[list[Node], list[int]]:
             if id(s) in pos:
                 last[id(s)] = max(last[id(s)], p)
     longest = sorted((n for n in order if last[id(n)] > pos[id(n)]), key=lambda n: pos[id(n)] - last[id(n)])
-    best: tuple[int, list[int]] = (-1, [])
+    best: tuple[int, list[int], list] = (-1, [], [])
     for j in range(min(MAX_SIDES, len(longest)) + 1):
         cuts = _cut_points(order, pos, last, {id(n) for n in longest[:j]})
         reps = group(segments(graph, order, cuts))
-        saved = sum((len(members) - 1) * len(_nodes(rep))
-                    for rep, members in reps if len(_nodes(rep)) >= min_nodes)
-        best = max(best, (saved, cuts), key=lambda t: t[0])
-    return order, best[1]
+        saved = sum((len(members) - 1) * size for _, members, size in _reused(reps, min_nodes))
+        best = max(best, (saved, cuts, reps), key=lambda t: t[0])
+    return order, best[1], best[2]
+
+
+def _reused(reps: list, min_nodes: int) -> list[tuple[Segment, list, int]]:
+    """The groups worth reusing (repeated, at least min_nodes nodes), with their size."""
+    sized = [(rep, members, len(_nodes(rep))) for rep, members in reps if len(members) > 1]
+    return [r for r in sized if r[2] >= min_nodes]
 
 
 def _cut_points(order: list[Node], pos: dict[int, int], last: dict[int, int], side: set[int]) -> list[int]:
@@ -185,10 +192,8 @@ def match(a: Segment, b: Segment) -> dict[int, Node] | None:
 def blocks(graph: Graph, min_nodes: int = 16) -> tuple[list[Segment], list[tuple[Segment, list]]]:
     """Segments and their groups. Segments worth reusing (repeated, at least min_nodes nodes)
     stand alone; each run of the others between them is merged into one segment."""
-    order, cuts = _cuts(graph, min_nodes)
-    reps = group(segments(graph, order, cuts))
-    keep = {i for rep, members in reps if len(members) > 1 and len(_nodes(rep)) >= min_nodes
-            for i, _ in members}
+    order, cuts, reps = _cuts(graph, min_nodes)
+    keep = {i for _, members, _ in _reused(reps, min_nodes) for i, _ in members}
     # a cut stays where the segment before or after it is kept: the others merge into runs
     merged = segments(graph, order, [p for i, p in enumerate(cuts) if i in keep or i + 1 in keep])
     return merged, group(merged)

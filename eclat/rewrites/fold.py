@@ -66,9 +66,8 @@ def fold_weights(graph: Graph, made: dict[tuple, tuple[Node, np.ndarray]] | None
     new: dict[int, Node] = {}
     for n in nodes:
         srcs = [new[id(s)] for s in n.srcs]
-        if id(n) not in chosen and n.op == "view" and id(n.srcs[0]) in chosen and srcs[0].op == "view":
-            # a view of a folded broadcast is
-            chosen[id(n)] = _stored(n, _value(n, graph, values))  # folded with it
+        if n.op == "view" and id(n) not in chosen and id(n.srcs[0]) in chosen and srcs[0].op == "view":
+            chosen[id(n)] = _stored(n, _value(n, graph, values))  # a view of a folded broadcast folds too
         if id(n) in chosen:
             new[id(n)] = _leaf(n, chosen[id(n)], sources[id(n)], graph.weights, weights, made, id(n) in whole)
         elif all(a is b for a, b in zip(srcs, n.srcs)):
