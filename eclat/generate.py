@@ -205,6 +205,8 @@ def _cache_folder(model: Any, max_len: int, chunk: int, target: str, options: di
     eclat.compile's program cache) or without verification."""
     if options.get("autotune", "fast") == "none" or options.get("verify", True) is False:
         return None
+    if options.get("weights", "fp32") != "fp32":  # _checked compares with the model's own logits
+        return None
     import torch
 
     from .autotune.cache import cache_dir, source_version

@@ -81,8 +81,8 @@ def encode_program(program: Program) -> dict[str, Any]:
                 "schedule": k.schedule and dataclasses.asdict(k.schedule), "ops": list(k.ops),
                 "sides": [{"out": s.out, "body": enc(s.body)} for s in k.sides]} for k in program.kernels]
     return {
-        "buffers": [{"name": b.name, "numel": int(b.numel), "dtype": b.dtype.name, "role": b.role}
-                    for b in program.buffers.values()],
+        "buffers": [{"name": b.name, "numel": int(b.numel), "dtype": b.dtype.name, "role": b.role,
+                     **({"format": b.format} if b.format else {})} for b in program.buffers.values()],
         "kernels": kernels,
         "nodes": enc.nodes,
         "inputs": list(program.inputs), "outputs": list(program.outputs),
@@ -96,8 +96,8 @@ def decode_program(data: dict[str, Any], weights: dict[str, np.ndarray],
     """encode_program's data back to a Program, weights attached by name; schedule_from: the target's
     decoder of a kernel's schedule (default: the CPU's Schedule)."""
     nodes = decode_nodes(data["nodes"])
-    buffers = {b["name"]: Buffer(b["name"], b["numel"], DType[b["dtype"]], b["role"], weights.get(b["name"]))
-               for b in data["buffers"]}
+    buffers = {b["name"]: Buffer(b["name"], b["numel"], DType[b["dtype"]], b["role"], weights.get(b["name"]),
+                                 b.get("format")) for b in data["buffers"]}
     if len(buffers) != len(data["buffers"]):
         raise ValueError("two buffers share a name")
 

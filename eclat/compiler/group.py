@@ -24,6 +24,7 @@ These rules are applied until nothing changes. Weights become constant buffers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from collections.abc import Sequence
@@ -143,7 +144,7 @@ def _products_before_masks(graph: Graph) -> Graph:
         carries[id(n)] = (product and read_once) or fused and any(carries[id(s)] for s in n.srcs)
         same = all(a is b for a, b in zip(srcs, n.srcs))
         new[id(n)] = n if same else Node(n.op, srcs, n.arg, n.shape, n.dtype)
-    return Graph(graph.inputs, [new[id(o)] for o in graph.outputs], graph.weights, graph.out_spec)
+    return dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs])
 
 
 def terms(e: Expr) -> list[tuple[int, Expr | None]]:
@@ -268,7 +269,7 @@ class _Grouping:
         for n in nodes:
             if n.op == "weight":
                 data = np.ascontiguousarray(graph.weights[n.arg], dtype=n.dtype.np).reshape(-1)
-                self._leaf_buffer(n, f"w_{n.arg}", "weight", data)
+                self._leaf_buffer(n, f"w_{n.arg}", "weight", data, graph.formats.get(n.arg))
             elif n.op == "input" and id(n) not in self.buf_of:
                 raise EclatError(f"input {n.arg!r} is used but is not an input of the graph")
         outs = {id(o): k for k, o in reversed(list(enumerate(graph.outputs)))}
@@ -288,12 +289,13 @@ class _Grouping:
                 self._kernel(o, name, copy=True)
             self.outputs.append(name)
 
-    def _leaf_buffer(self, n: Node, name: str, role: str, data: np.ndarray | None = None) -> None:
+    def _leaf_buffer(self, n: Node, name: str, role: str, data: np.ndarray | None = None,
+                     fmt: str | None = None) -> None:
         if id(n) in self.buf_of:
             return
         while name in self.buffers:
             name += "_"
-        self.buffers[name] = Buffer(name, math.prod(n.shape), n.dtype, role, data)
+        self.buffers[name] = Buffer(name, math.prod(n.shape), n.dtype, role, data, fmt)
         self.buf_of[id(n)] = name
 
     def _kernel(self, n: Node, out: str, copy: bool = False) -> None:

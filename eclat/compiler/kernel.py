@@ -48,6 +48,7 @@ import numpy as np
 
 from ..ir.dtypes import DType
 from ..ir.symbolic import Expr, Var, as_int, assume, variables
+from .quantize import FORMATS
 
 # --- buffers ----------------------------------------------------------------------------
 
@@ -61,6 +62,7 @@ class Buffer:
     dtype: DType
     role: str
     data: np.ndarray | None = None  # weights only: the flat constant contents
+    format: str | None = None  # weights only: the low-precision format the values are exact in
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -69,6 +71,11 @@ class Buffer:
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.np.itemsize
+
+    @property
+    def stored_bytes(self) -> int:
+        """What reading it all moves: a weight with a low-precision format is read packed in it."""
+        return self.nbytes if self.format is None else FORMATS[self.format].stored_bytes(self.numel)
 
 
 # --- expressions --------------------------------------------------------------------------
@@ -372,5 +379,6 @@ def bytes_moved(kernel: Kernel, buffers: dict[str, Buffer]) -> int:
     total = buffers[kernel.out].nbytes
     for name, values in fetched.items():
         buf = buffers[name]
-        total += buf.nbytes if values is None else min(buf.nbytes, values * (buf.nbytes // max(buf.numel, 1)))
+        row = buf.nbytes // max(buf.numel, 1)
+        total += buf.stored_bytes if values is None else min(buf.nbytes, values * row)
     return total

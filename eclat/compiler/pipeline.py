@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from . import tune as tuning
 from .group import group
 from .kernel import Program, bytes_moved, flops
 from .model import CompiledModel
+from .quantize import accuracy, check_mode, quantize
 from .report import CandidateStats, CompileReport, DeviceSummary, EgraphStats
 from .specs import InputSpec, input_structure, leaves
 from .verify import reference_graph, to_numpy, verified_build
@@ -57,16 +59,21 @@ SAMPLE_RUNS = 10
 
 def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threads: int | None = None,
                   autotune: str = "fast", cache_dir: str | os.PathLike | None = None,
-                  db: Any = None, k: int = 8, verify: bool = True, quiet: bool = False) -> CompiledModel:
+                  db: Any = None, k: int = 8, verify: bool = True, quiet: bool = False,
+                  weights: str = "fp32", max_error: float | None = None) -> CompiledModel:
     """Compile model for target. threads: CPU threads per kernel (default 1: predictable, and
     no oversubscription when the caller runs several models); autotune: "none" keeps the
     default schedules and skips device measurement (candidates are still timed: the e-graph's
     first can be several times slower than another); db: the tuning database (a path or a
-    TuningDB; default <cache_dir>/tuning.db) to read and record choices in."""
+    TuningDB; default <cache_dir>/tuning.db) to read and record choices in; weights: "fp32", or a
+    low-precision format for the weights of products (compiler.quantize: "bf16", "int8", "int4",
+    "int4-128"), whose error on the example inputs is in the report; max_error: the largest
+    relative error of an output that a quantization may cause (larger: EclatError)."""
     start = time.perf_counter()
     if autotune not in AUTOTUNE_MODES:
         raise ValueError(f"autotune must be one of {AUTOTUNE_MODES}, given {autotune!r}")
     threads = 1 if threads is None else int(threads)
+    check_mode(weights)
     if threads < 1:
         raise ValueError(f"threads must be at least 1, given {threads}")
     if not isinstance(example_inputs, tuple):
@@ -78,7 +85,7 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
     graph = lower(model, example_inputs)
     arrays += [s.initial for s in graph.states]
     remember = None
-    if autotune != "none" and verify:
+    if autotune != "none" and verify and weights == "fp32":  # a remembered program is checked against torch
         remember = program_cache.cache_path(graph, target, autotune, k, threads, cache_dir)
         cached = _from_program_cache(remember, graph, structure, model, example_inputs, arrays, target,
                                      threads, autotune, cache_dir, db, quiet, start)
@@ -86,16 +93,18 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
             return cached
     return compile_graph(graph, arrays, target, threads=threads, autotune=autotune, cache_dir=cache_dir,
                          db=db, k=k, verify=verify, quiet=quiet, start=start, remember=remember,
-                         in_structure=structure)
+                         in_structure=structure, weights=weights, max_error=max_error)
 
 
 def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *, threads: int = 1,
                   autotune: str = "fast", cache_dir: str | os.PathLike | None = None, db: Any = None,
                   k: int = 8, verify: bool = True, quiet: bool = False, start: float | None = None,
-                  remember: Path | None = None, in_structure: Any = None) -> CompiledModel:
+                  remember: Path | None = None, in_structure: Any = None, weights: str = "fp32",
+                  max_error: float | None = None) -> CompiledModel:
     """The pipeline from a primitive graph and example input arrays. remember: where to keep the
     chosen candidate for the next compile of the same model (see program_cache); in_structure: how
-    a call's inputs nest (specs.input_structure; default flat)."""
+    a call's inputs nest (specs.input_structure; default flat); weights, max_error: as for
+    compile_model."""
     start = time.perf_counter() if start is None else start
     backend = get_target(target)
     bars = True if quiet else None  # progress bars: on a terminal, unless quiet
@@ -104,19 +113,24 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     with progress(total=1, desc="e-graph", quiet=bars) as bar:
         candidates, egraph = _candidates(graph, target, k, device)
         bar.update()
+    exact = candidates
+    if weights != "fp32":
+        made: dict = {}  # one rounded array per weight, whichever candidates hold it
+        candidates = [quantize(c, weights, made) for c in candidates]
     if missing:
         return _deferred(graph, candidates, backend, target, threads, egraph, missing, start, in_structure)
     tdb, owned = _open_db(db, cache_dir) if device is not None else (None, False)
     try:
-        reference = interpret(reference_graph(graph, candidates), arrays) if verify else None
+        reference = _references(graph, candidates, arrays) if verify else lambda n: None
         hits, misses = (tdb.hits, tdb.misses) if tdb is not None else (0, 0)
-        chosen_key = _choice_key(graph, autotune, k, backend.name, device) if tdb is not None else None
+        chosen_key = _choice_key(graph, f"{autotune}|{weights}", k, backend.name, device) if tdb is not None \
+            else None
         known, tuned = _known_choice(tdb, chosen_key, len(candidates))
         built = None
         grouped = _programs([candidates[known]], device, threads, backend, []) if known is not None else []
         if grouped:  # the database's winner, built with its schedules, verified
             built = _build_remembered(grouped[0][2], backend, device, autotune, threads, tdb, arrays,
-                                      reference, tuned, bars)
+                                      reference(known), tuned, bars)
         if built is not None:
             exe, program = built
             stats = CandidateStats(len(candidates), pruned=len(candidates) - 1, chosen=known)
@@ -125,8 +139,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
                                                  reference, bars)
             tuned = False
             if tdb is not None:
-                exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, arrays, reference, exe,
-                                    bars)
+                exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, arrays,
+                                    reference(stats.chosen), exe, bars)
                 tdb.put(chosen_key, {"candidate": stats.chosen, "tuned": tuned}, seconds * 1e6)
         for line in stats.failed if not quiet else ():
             print(f"eclat: skipped {line}")
@@ -136,6 +150,9 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         if owned:
             tdb.close()
     report = _report(target, threads, device, program, exe, start)
+    if weights != "fp32":
+        report.quantization = accuracy(exact[stats.chosen], candidates[stats.chosen], arrays)
+        _refuse_error(report.quantization, max_error)
     stats.differences = list(egraph.get("differs", []))
     report.egraph, report.candidates, report.tuning_cache = _egraph_stats(egraph), stats, counts
     if remember is not None:
@@ -203,9 +220,10 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any,
 
 
 def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads: int,
-          arrays: list[np.ndarray], reference: list[np.ndarray] | None,
+          arrays: list[np.ndarray], reference: Callable[[int], list[np.ndarray] | None],
           bars: bool | None) -> tuple[float, Any, Program, CandidateStats]:
-    """The fastest verified candidate, by the search: (seconds, executable, program, stats)."""
+    """The fastest verified candidate, by the search: (seconds, executable, program, stats).
+    reference(n): what candidate n is checked against."""
     errors: list[str] = []
     programs = _programs(candidates, device, threads, target, errors)
     built: dict[int, Any] = {}
@@ -213,7 +231,8 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     def time_fn(c: Candidate) -> float:
         try:
             if id(c) not in built:  # built and verified once, timed in every round
-                built[id(c)] = verified_build(c.payload, target, threads, arrays, reference)
+                built[id(c)] = verified_build(c.payload, target, threads, arrays,
+                                              reference(c.schedule["candidate"]))
             return _sample_us(built[id(c)], arrays)
         except Exception as e:  # a crash of the JIT or a wrong answer: the search skips the candidate
             errors.append(f"candidate {c.schedule['candidate']}: {type(e).__name__}: {e}")
@@ -232,6 +251,32 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     stats.pruned = found.stats.pruned
     stats.timed, stats.chosen = found.stats.timed, found.winner.schedule["candidate"]
     return found.measured_us / 1e6, built[id(found.winner)], found.winner.payload, stats
+
+
+def _references(graph: Graph, candidates: list[Graph], arrays: list[np.ndarray]
+                ) -> Callable[[int], list[np.ndarray]]:
+    """What candidate n is verified against: the model's outputs by the interpreter; with rounded
+    weights (compiler.quantize) the candidate's own outputs, as the model with those weights
+    computes them, once per distinct set of rounded weights."""
+    if not any(c.formats for c in candidates):
+        fixed = interpret(reference_graph(graph, candidates), arrays)
+        return lambda n: fixed
+    made: dict[tuple, list[np.ndarray]] = {}
+
+    def of(n: int) -> list[np.ndarray]:
+        c = candidates[n]
+        key = tuple(id(c.weights[name]) for name in sorted(c.formats))
+        if key not in made:
+            made[key] = interpret(c, arrays)
+        return made[key]
+    return of
+
+
+def _refuse_error(quantization: dict[str, Any], max_error: float | None) -> None:
+    worst = max(quantization["outputs"], default=0.0)
+    if max_error is not None and worst > max_error:
+        raise EclatError(f"weights={quantization['weights']}: an output's relative error on the "
+                         f"example inputs is {worst:.3g}, over max_error={max_error:g}")
 
 
 def _sample_us(exe: Any, arrays: list[np.ndarray]) -> float:

@@ -73,10 +73,11 @@ class CompileReport:
     tuning_cache: dict[str, int] = field(default_factory=lambda: {"hits": 0, "misses": 0})
     notes: list[str] = field(default_factory=list)
     artifact: dict[str, Any] | None = None  # where a loaded model came from
+    quantization: dict[str, Any] | None = None  # rounded weights and their error (quantize.accuracy)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for optional in ("notes", "artifact"):
+        for optional in ("notes", "artifact", "quantization"):
             if not out[optional]:
                 del out[optional]
         return out

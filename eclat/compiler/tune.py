@@ -30,7 +30,7 @@ def kernel_key(kernel: Kernel, program: Program) -> str:
     names: dict[str, str] = {}
     for x in loads(kernel.body):
         buf = program.buffers[x.buffer]
-        names.setdefault(x.buffer, f"b{len(names)}{'w' if buf.role == 'weight' else ''}")
+        names.setdefault(x.buffer, f"b{len(names)}{'w' if buf.role == 'weight' else ''}{buf.format or ''}")
     text = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={names.get(m.group(1), '?')}", str(kernel.body))
     variables: dict[str, str] = {}
     text = re.sub(r"\br\d+\b", lambda m: variables.setdefault(m.group(0), f"r{len(variables)}"), text)

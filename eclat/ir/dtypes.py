@@ -1,4 +1,6 @@
-"""Element types of the IR. float32 is first class; the others are representable."""
+"""Element types of the IR. float32 is first class; the others are representable. int8, uint8 and
+int16 only store weights packed by a backend in a low-precision format (compiler.quantize): no
+graph value has them."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ class DType(Enum):
     int32 = ("int32", 4, False, "int")
     int64 = ("int64", 8, False, "long")
     bool = ("bool", 1, False, "bool")
+    int8 = ("int8", 1, False, "char")
+    uint8 = ("uint8", 1, False, "uchar")
+    int16 = ("int16", 2, False, "short")
 
     @property
     def np(self) -> np.dtype:
@@ -31,7 +36,8 @@ class DType(Enum):
     @property
     def short(self) -> str:
         return {"float32": "f32", "float16": "f16", "bfloat16": "bf16",
-                "int32": "i32", "int64": "i64", "bool": "bool"}[self.name]
+                "int32": "i32", "int64": "i64", "bool": "bool", "int8": "i8", "uint8": "u8",
+                "int16": "i16"}[self.name]
 
     def __repr__(self) -> str:
         return self.short

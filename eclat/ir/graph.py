@@ -10,7 +10,7 @@ Later stages may register further ops (e.g. a recognised matmul) with `register`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -253,6 +253,8 @@ class Graph:
     divisors: set[str] = field(default_factory=set)  # integer inputs that divide: zero raises, as in torch
     # the last len(states) inputs are these buffers; their updates follow the user's outputs
     states: list[State] = field(default_factory=list)
+    # weight name -> the low-precision format its float32 values are exact in (compiler.quantize)
+    formats: dict[str, str] = field(default_factory=dict)
 
     def nodes(self) -> list[Node]:
         """All nodes reachable from the outputs, sources before users."""
@@ -336,8 +338,7 @@ def decompose_composites(graph: Graph, keep: set[str] = frozenset()) -> Graph:
             new.setdefault(id(out), (out, out))  # an expansion's own nodes are final
         return new[id(root)][1]
 
-    outputs = [rebuilt(o) for o in graph.outputs]
-    return Graph(graph.inputs, outputs, graph.weights, graph.out_spec)
+    return replace(graph, outputs=[rebuilt(o) for o in graph.outputs])
 
 
 def numel(shape: Sequence[sint]) -> int | None:

@@ -26,13 +26,15 @@ from ...compiler.kernel import (
     free_vars,
     loads,
 )
-from ...ir.dtypes import DType
+from ...compiler.quantize import FORMATS, storage
+from ...ir.dtypes import DType, from_numpy
 from ...ir.symbolic import Expr, Num, Var, evaluate
 from ...ir.view import contiguous_strides
 from .emitter import KernelEmitter
-from .scalar import F32, I32, PTR, i64, intrinsic, store_through, vector_ptr
+from .scalar import F32, I8, I16, I32, PTR, i64, intrinsic, store_through, vector_ptr
 
 PACKED = "pack:"  # name prefix of weights packed at compile time
+SCALES = "s"  # name suffix of a packed weight's scales (quantize.storage)
 RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
 PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
 CACHE_LINE = 64  # bytes a prefetch brings in
@@ -43,14 +45,16 @@ def contraction_of(kernel: Kernel) -> Contraction | None:
     return as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
 
 
-_PACKED: dict[tuple, np.ndarray] = {}  # packings of live weights, by array and layout
+_PACKED: dict[tuple, list[np.ndarray]] = {}  # packings of live weights, by array, layout and format
+STORED = {"int16": "bf16", "int8": "int8", "uint8": "int4"}  # numpy dtype of a packed weight -> its kind
 
 
 def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int, kk: int,
-                  nr: int) -> np.ndarray:
-    """data[index(n, k)] as [panels, K, NR], zero past column n, flat. Remembered while data lives:
-    the candidates of one compile (and its tuning builds) share their weights, and packing a large
-    one (a language model's output head) costs seconds."""
+                  nr: int, fmt: str | None = None) -> list[np.ndarray]:
+    """data[index(n, k)] as [panels, K, NR], zero past column n, flat: float32, or in fmt when fmt
+    holds every value exactly (quantize.storage: the packed values, then their scales, if any).
+    Remembered while data lives: the candidates of one compile (and its tuning builds) share
+    their weights, and packing a large one (a language model's output head) costs seconds."""
     base = data
     while isinstance(base.base, np.ndarray):  # a view made afresh per candidate: key on what it views
         base = base.base
@@ -58,7 +62,7 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
     linear = {None if a is None else a.name: c for c, a in parts if a is None or isinstance(a, Var)}
     affine = len(linear) == len(parts) and set(linear) - {None} <= {n_var, k_var}
     layout = (linear.get(None, 0), linear.get(n_var, 0), linear.get(k_var, 0)) if affine else str(index)
-    key = (id(base), data.__array_interface__["data"][0], data.shape, data.dtype.str, layout, n, kk, nr)
+    key = (id(base), data.__array_interface__["data"][0], data.shape, data.dtype.str, layout, n, kk, nr, fmt)
     hit = _PACKED.get(key)
     if hit is not None:
         return hit
@@ -75,10 +79,11 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
     out[:whole] = grid[:, :whole * nr].reshape(kk, whole, nr).transpose(1, 0, 2)
     if whole < panels:
         out[whole, :, :n - whole * nr] = grid[:, whole * nr:]
-    out = out.reshape(-1)
-    _PACKED[key] = out
+    stored = storage(out, FORMATS[fmt]) if fmt else None
+    packs = [a.reshape(-1) for a in stored] if stored is not None else [out.reshape(-1)]
+    _PACKED[key] = packs
     weakref.finalize(base, _PACKED.pop, key, None)  # forgotten with the weight
-    return out
+    return packs
 
 
 class ContractionEmitter(KernelEmitter):
@@ -93,13 +98,17 @@ class ContractionEmitter(KernelEmitter):
         self.contraction = contraction
         self.pack_name = self._pack()
         if self.pack_name:
-            self.arg_names.append(self.pack_name)
+            packs = [n for n in (self.pack_name, self.pack_name + SCALES) if n in buffers]
+            self.pack_format = self.buffers[self.pack_name].format
+            self.arg_names += packs
             self.used = {x.buffer for x in loads(kernel.body) if x != contraction.b}
-            self.used |= {kernel.out, self.pack_name}
+            self.used |= {kernel.out, *packs}
 
     def _pack(self) -> str | None:
         """Pack a constant right operand into [panels, K, NR] so that each step of the
-        micro-kernel reads NR contiguous values. Returns the packed buffer's name."""
+        micro-kernel reads NR contiguous values, in the weight's low-precision format where it
+        has one (its scales in the buffer named with SCALES after). Returns the packed buffer's
+        name."""
         c, k = self.contraction, self.k
         b = c.b
         if not (isinstance(b, Load) and b.valid == Num(1) and self.buffers[b.buffer].role == "weight"):
@@ -111,10 +120,12 @@ class ContractionEmitter(KernelEmitter):
         n, kk = k.shape[c.n_axis], c.reduce.size
         name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
-            self.packed[name] = packed_panels(np.asarray(self.buffers[b.buffer].data), b.index, n_var, k_var,
-                                              n, kk, nr)
-            self.buffers[name] = Buffer(name, self.packed[name].size, DType.float32, "weight",
-                                        self.packed[name])
+            source = self.buffers[b.buffer]
+            packs = packed_panels(np.asarray(source.data), b.index, n_var, k_var, n, kk, nr, source.format)
+            fmt = source.format if len(packs) > 1 or packs[0].dtype != np.float32 else None
+            for part, data in zip((name, name + SCALES), packs):
+                self.packed[part] = data
+                self.buffers[part] = Buffer(part, data.size, from_numpy(data.dtype), "weight", data, fmt)
         return name
 
     def tile(self) -> tuple[int, int]:
@@ -154,26 +165,31 @@ class ContractionEmitter(KernelEmitter):
             full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), i64(n_size))
 
             def kstep(kv: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                self.scope.bind(c.reduce.var.name, kv)
-                bvecs = self._b_vectors(c, p, n0, kv, nr, full, b_unit, vt)
                 out = list(accs)
-                for r in range(mr):
-                    with self.scope.nested():
-                        if c.m_axis is not None:
-                            row, last = bb.add(m0, i64(r)), i64(m_size - 1)
-                            row = bb.select(bb.icmp_signed(">", row, last), last, row)
-                            self.scope.bind(f"i{c.m_axis}", row)
-                        av = self.emit(c.a)
-                    splat = bb.shuffle_vector(bb.insert_element(ir.Constant(vt, ir.Undefined), av, i64(0)),
-                                              ir.Constant(vt, ir.Undefined),
-                                              ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
-                    for v in range(nv):
-                        j = r * nv + v
-                        out[j] = bb.call(fma, [splat, bvecs[v], accs[j]])
+                for k_at, bvecs in self._b_steps(c, p, n0, kv, nr, full, b_unit, vt):
+                    self.scope.bind(c.reduce.var.name, k_at)
+                    for r in range(mr):
+                        with self.scope.nested():
+                            if c.m_axis is not None:
+                                row, last = bb.add(m0, i64(r)), i64(m_size - 1)
+                                row = bb.select(bb.icmp_signed(">", row, last), last, row)
+                                self.scope.bind(f"i{c.m_axis}", row)
+                            av = self.emit(c.a)
+                        undef = ir.Constant(vt, ir.Undefined)
+                        splat = bb.shuffle_vector(bb.insert_element(undef, av, i64(0)), undef,
+                                                  ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+                        for v in range(nv):
+                            j = r * nv + v
+                            out[j] = bb.call(fma, [splat, bvecs[v], out[j]])
                 return out
 
             zeros = [ir.Constant(vt, [0.0] * lanes)] * (mr * nv)
-            accs = self.loop(i64(0), i64(kk), zeros, kstep) if kk else zeros
+            per_step = 2 if self._nibbles() else 1  # int4: one byte holds two steps of k
+            accs = self.loop(i64(0), i64(kk // per_step), zeros, kstep) if kk else zeros
+            if self.pack_format == "int8":  # one scale per column: applied once, after the sum
+                scales = [self._vector(self.pack_name + SCALES, bb.add(n0, i64(v * lanes)), F32, vt)
+                          for v in range(nv)]
+                accs = [bb.fmul(acc, scales[j % nv]) for j, acc in enumerate(accs)]
             for j, acc in enumerate(accs):
                 store_through(bb, acc, bb.gep(tile, [i64(j * lanes)], source_etype=F32))
             self._epilogue(c, tile, m0, n0, mr, nr, m_size, n_size)
@@ -224,11 +240,10 @@ class ContractionEmitter(KernelEmitter):
                     for v in range(nv)]
         if self.pack_name:
             base = bb.mul(bb.add(bb.mul(p, i64(c.reduce.size)), kv), i64(nr))
-            ptr = self.ptr[self.pack_name]
+            item = np.dtype(self.packed[self.pack_name].dtype).itemsize
             if self.streaming:
-                self._prefetch(ptr, base, nr)
-            return [bb.load(bb.gep(ptr, [bb.add(base, i64(v * lanes))], source_etype=F32), typ=vt, align=4)
-                    for v in range(nv)]
+                self._prefetch(self.ptr[self.pack_name], bb.mul(base, i64(item)), nr * item)
+            return [self._decoded(bb.add(base, i64(v * lanes)), vt) for v in range(nv)]
         if not unit:
             return self._b_scalar(c, n0, nr, vt)
         # full panels: vector loads; the last partial panel: clamped scalar loads
@@ -252,16 +267,61 @@ class ContractionEmitter(KernelEmitter):
             out.append(phi)
         return out
 
-    def _prefetch(self, ptr: ir.Value, base: ir.Value, nr: int) -> None:
-        """Touch the packed stream PREFETCH_BYTES ahead, one prefetch per cache line of the NR-wide
-        row: a kernel that reads each weight once (few rows) waits on DRAM, and the hardware
+    def _b_steps(self, c: Contraction, p: ir.Value, n0: ir.Value, kv: ir.Value, nr: int, full: ir.Value,
+                 unit: bool, vt: ir.VectorType) -> list[tuple[ir.Value, list[ir.Value]]]:
+        """(k, the right operand's NR values at k as NR/lanes vectors) for each step of k that one
+        iteration of the k loop (number kv) makes: two for int4 panels, else one."""
+        if not self._nibbles():
+            self.scope.bind(c.reduce.var.name, kv)
+            return [(kv, self._b_vectors(c, p, n0, kv, nr, full, unit, vt))]
+        bb, lanes, kk = self.b, self.lanes, c.reduce.size
+        group = FORMATS[self.pack_format].group
+        k0 = bb.mul(kv, i64(2))
+        base = bb.mul(bb.add(bb.mul(p, i64(kk // 2)), kv), i64(nr))  # bytes: k0 low nibbles, k0 + 1 high
+        if self.streaming:
+            self._prefetch(self.ptr[self.pack_name], base, nr)
+        row = bb.mul(bb.add(bb.mul(p, i64(kk // group)), bb.sdiv(k0, i64(group))), i64(nr))
+        iv = ir.VectorType(I32, lanes)
+        low, high = (ir.Constant(iv, [m] * lanes) for m in (15, 4))
+        offset = ir.Constant(vt, [8.0] * lanes)
+        steps: list[list[ir.Value]] = [[], []]
+        for v in range(nr // lanes):
+            at = bb.add(base, i64(v * lanes))
+            packed = bb.zext(self._vector(self.pack_name, at, I8, ir.VectorType(I8, lanes)), iv)
+            scale = self._vector(self.pack_name + SCALES, bb.add(row, i64(v * lanes)), F32, vt)
+            for step, q in zip(steps, (bb.and_(packed, low), bb.lshr(packed, high))):
+                step.append(bb.fmul(bb.fsub(bb.sitofp(q, vt), offset), scale))  # (q - 8) * s, exact
+        return [(k0, steps[0]), (bb.add(k0, i64(1)), steps[1])]
+
+    def _nibbles(self) -> bool:
+        return self.pack_format is not None and FORMATS[self.pack_format].bits == 4
+
+    def _vector(self, buf: str, at: ir.Value, elem: ir.Type, vt: ir.VectorType) -> ir.Value:
+        """The vector vt at element `at` of buffer buf (elements of type elem)."""
+        return self.b.load(self.b.gep(self.ptr[buf], [at], source_etype=elem), typ=vt, align=1)
+
+    def _decoded(self, at: ir.Value, vt: ir.VectorType) -> ir.Value:
+        """lanes packed values from element `at` as float32: float32 read as is, bf16 widened (its
+        bits are a float's high half), int8 converted (its scales apply after the sum)."""
+        bb, lanes = self.b, self.lanes
+        if self.pack_format is None:
+            return self._vector(self.pack_name, at, F32, vt)
+        if self.pack_format == "bf16":
+            iv = ir.VectorType(I32, lanes)
+            half = self._vector(self.pack_name, at, I16, ir.VectorType(I16, lanes))
+            return bb.bitcast(bb.shl(bb.zext(half, iv), ir.Constant(iv, [16] * lanes)), vt)
+        return bb.sitofp(self._vector(self.pack_name, at, I8, ir.VectorType(I8, lanes)), vt)
+
+    def _prefetch(self, ptr: ir.Value, at: ir.Value, row_bytes: int) -> None:
+        """Touch the packed stream PREFETCH_BYTES ahead of byte `at`, one prefetch per cache line of
+        the row: a kernel that reads each weight once (few rows) waits on DRAM, and the hardware
         prefetcher alone keeps too few lines in flight. (A distance in bytes, whatever the lanes.)"""
         bb = self.b
         fn = self.mod.globals.get("llvm.prefetch.p0") or ir.Function(
             self.mod, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]), "llvm.prefetch.p0")
-        for line in range(0, nr * 4, CACHE_LINE):
-            at = bb.gep(ptr, [bb.add(base, i64((PREFETCH_BYTES + line) // 4))], source_etype=F32)
-            bb.call(fn, [at, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        for line in range(0, row_bytes, CACHE_LINE):
+            where = bb.gep(ptr, [bb.add(at, i64(PREFETCH_BYTES + line))], source_etype=I8)
+            bb.call(fn, [where, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
     def _b_columns(self, c: Contraction, n0: ir.Value, nr: int, n_size: int) -> list[ir.Value]:
         """The right operand at columns n0 .. n0+NR-1 (clamped to the last column)."""

@@ -92,6 +92,7 @@ class KernelEmitter:
         self.arg_names = list(dict.fromkeys([x.buffer for x in loads(kernel.body)] + [kernel.out] +
                                             [sd.out for sd in kernel.sides]))
         self.pack_name: str | None = None  # a weight packed at compile time, read instead of its source
+        self.pack_format: str | None = None  # its low-precision format (compiler.quantize), None: float32
         self.used = set(self.arg_names)  # what the code dereferences: not a weight it reads packed
 
     def key(self) -> str:
@@ -101,7 +102,8 @@ class KernelEmitter:
         body = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={canon[m.group(1)]}", text)
         rvars: dict[str, str] = {}  # reduce variables are named after graph positions
         body = re.sub(r"\br\d+\b", lambda m: rvars.setdefault(m.group(0), f"r#{len(rvars)}"), body)
-        return f"{self.k.shape}|{self.k.schedule}|{canon[self.k.out]}|{self.pack_name is not None}|{body}"
+        packed = self.pack_name is not None and (self.pack_format or "f32")
+        return f"{self.k.shape}|{self.k.schedule}|{canon[self.k.out]}|{packed}|{body}"
 
     def function(self) -> int:
         """Emit the function; returns the length of its outermost (parallel) loop."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...ir.dtypes import DType
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, F16 = ir.FloatType(), ir.HalfType()
 PTR = ir.PointerType()
 FAST = ("reassoc", "nsz", "contract")
