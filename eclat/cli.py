@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from eclat.compiler.quantize import MODES as QUANT_MODES
+
 MODES = ("none", "fast", "full")
 
 
@@ -85,6 +87,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         options["k"] = args.candidates
     if getattr(args, "db", None):
         options["db"] = args.db
+    if getattr(args, "weights", "fp32") != "fp32":
+        options["weights"] = args.weights
+    if getattr(args, "max_error", None) is not None:
+        options["max_error"] = args.max_error
     return options
 
 
@@ -213,6 +219,7 @@ def _summary(path: str, manifest: dict[str, Any], files: dict[str, int]) -> dict
         "kernels": rows, "estimated_us": round(sum(estimates), 3) if estimates else None,
         "egraph": report.get("egraph"), "candidates": report.get("candidates"),
         "memory": report.get("memory"), "compile_seconds": report.get("compile_seconds"),
+        "quantization": report.get("quantization"),
         "files": files, "measured_us": None,
     }
 
@@ -274,6 +281,13 @@ def _inspect_text(d: dict[str, Any]) -> str:
         lines.append(f"candidates: {c.get('extracted')} extracted, {c.get('pruned')} pruned, "
                      f"{c.get('timed')} timed, {len(c.get('failed') or [])} failed, chose {c.get('chosen')}")
         lines += [f"  {n}: {what}" for n, what in enumerate(c.get("differences") or [])]
+    q = d.get("quantization")
+    if q:
+        worst = max(q["layers"].items(), key=lambda kv: kv[1], default=("-", 0.0))
+        lines.append(f"weights: {q['weights']} ({', '.join(f'{n} {f}' for f, n in q['formats'].items())}), "
+                     f"{q['stored_bytes']} of {q['float32_bytes']} float32 bytes; relative error of the "
+                     f"outputs {', '.join(_num(e) for e in q['outputs'][:4])}; worst layer {worst[0]} "
+                     f"{_num(worst[1])}")
     if d.get("memory"):
         lines.append(f"memory: arena {d['memory']['arena_bytes']} bytes "
                      f"(without reuse {d['memory']['without_reuse_bytes']})")
@@ -455,6 +469,11 @@ def _model_options(p: argparse.ArgumentParser, tune_default: str = "fast",
     p.add_argument("--candidates", type=int, default=None, metavar="K",
                    help="candidate programs extracted from the e-graph (default 8)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--weights", choices=QUANT_MODES, default="fp32",
+                   help="store the weights of products in a low-precision format: "
+                        f"{', '.join(QUANT_MODES)} (default fp32; the error is in the report)")
+    p.add_argument("--max-error", type=float, default=None, metavar="E",
+                   help="--weights: refuse a quantization whose relative error on an output exceeds E")
 
 
 def _version() -> str:

@@ -43,8 +43,11 @@ class CausalLM:
     """A prefill and a decode program sharing one KV cache (`states`). Not for concurrent use: a
     generation is a sequence of steps over one cache."""
 
-    def __init__(self, prefill: CompiledModel, decode: CompiledModel, max_len: int, chunk: int):
+    def __init__(self, prefill: CompiledModel, decode: CompiledModel, max_len: int, chunk: int,
+                 agreement: dict[str, Any] | None = None):
         self.prefill, self.decode, self.max_len, self.chunk = prefill, decode, max_len, chunk
+        # with rounded weights: how its next-token distributions compare with the model's (agreement())
+        self.agreement = agreement
         decode.states = prefill.states  # one cache: a step sees the rows the prompt wrote
         self.states = prefill.states
         share = getattr(decode.executable, "share_weights", None)  # one copy of the weights too
@@ -57,7 +60,8 @@ class CausalLM:
         self.prefill.save(os.path.join(path, PREFILL))
         self.decode.save(os.path.join(path, DECODE))
         with open(os.path.join(path, LM_JSON), "w") as f:
-            json.dump({"format": "eclat-causal-lm", "max_len": self.max_len, "chunk": self.chunk}, f)
+            json.dump({"format": "eclat-causal-lm", "max_len": self.max_len, "chunk": self.chunk,
+                       **({"agreement": self.agreement} if self.agreement else {})}, f)
 
     def logits(self, tokens: list[int]) -> np.ndarray:
         """The next-token logits after the prompt `tokens` (a fresh cache: positions from 0)."""
@@ -131,7 +135,8 @@ def load_lm(path: str) -> CausalLM:
         max_len, chunk = int(meta["max_len"]), int(meta["chunk"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ArtifactError(f"{path}: not a saved language model ({type(e).__name__}: {e})") from None
-    return CausalLM(load(os.path.join(path, PREFILL)), load(os.path.join(path, DECODE)), max_len, chunk)
+    return CausalLM(load(os.path.join(path, PREFILL)), load(os.path.join(path, DECODE)), max_len, chunk,
+                    meta.get("agreement"))
 
 
 def _sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int | None) -> int:
@@ -157,6 +162,8 @@ def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "c
         if lm is not None:
             return lm
     lm = _compile_programs(model, max_len, chunk, target, options)
+    if options.get("weights", "fp32") != "fp32":
+        lm.agreement = agreement(lm, model)
     if remember is not None:
         _keep(lm, remember)
     return lm
@@ -193,6 +200,27 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
         else:
             model.forward = own
     return CausalLM(programs[0], programs[1], max_len, chunk)
+
+
+AGREEMENT_POSITIONS = 64  # positions of a fixed random sequence compared by agreement()
+
+
+def agreement(lm: CausalLM, model: Any, positions: int = AGREEMENT_POSITIONS) -> dict[str, Any]:
+    """How lm's next-token distributions compare with the model's own (torch, float32) at each
+    position of a fixed random token sequence: the mean KL divergence KL(model || lm) in nats and
+    the share of positions where both rank the same token first. Rounded weights (`weights=`)
+    move these; a faithful compile gives about 0 and 1."""
+    import torch
+
+    n = min(positions, lm.max_len)
+    tokens = np.random.default_rng(0).integers(1, model.config.vocab_size, n).tolist()
+    with torch.no_grad():
+        want = model(torch.tensor([tokens]), use_cache=False).logits[0].double().numpy()
+    got = np.stack([lm.logits(tokens[:1])] + [lm.step(t, k) for k, t in enumerate(tokens[1:], 1)])
+    log_p, log_q = (z - np.logaddexp.reduce(z, axis=-1, keepdims=True) for z in (want, np.float64(got)))
+    kl = np.sum(np.exp(log_p) * (log_p - log_q), axis=-1)
+    return {"positions": n, "mean_kl": round(float(kl.mean()), 6),
+            "top1": round(float(np.mean(want.argmax(-1) == got.argmax(-1))), 4)}
 
 
 # --- the cache of compiled language models -------------------------------------------------------

@@ -164,9 +164,15 @@ class ContractionEmitter(KernelEmitter):
             m0 = bb.mul(mb, i64(mr))
             full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), i64(n_size))
 
-            def kstep(kv: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            def splat(x: ir.Value) -> ir.Value:
+                undef = ir.Constant(vt, ir.Undefined)
+                return bb.shuffle_vector(bb.insert_element(undef, x, i64(0)), undef,
+                                         ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+            def kstep(kv: ir.Value, accs: list[ir.Value], steps=None) -> list[ir.Value]:
+                """accs += a x b over the steps of k (accs then the rows' sums of a, with `steps`)."""
                 out = list(accs)
-                for k_at, bvecs in self._b_steps(c, p, n0, kv, nr, full, b_unit, vt):
+                for k_at, bvecs in steps or self._b_steps(c, p, n0, kv, nr, full, b_unit, vt):
                     self.scope.bind(c.reduce.var.name, k_at)
                     for r in range(mr):
                         with self.scope.nested():
@@ -175,17 +181,34 @@ class ContractionEmitter(KernelEmitter):
                                 row = bb.select(bb.icmp_signed(">", row, last), last, row)
                                 self.scope.bind(f"i{c.m_axis}", row)
                             av = self.emit(c.a)
-                        undef = ir.Constant(vt, ir.Undefined)
-                        splat = bb.shuffle_vector(bb.insert_element(undef, av, i64(0)), undef,
-                                                  ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+                        if steps:
+                            out[mr * nv + r] = bb.fadd(out[mr * nv + r], av)
                         for v in range(nv):
                             j = r * nv + v
-                            out[j] = bb.call(fma, [splat, bvecs[v], out[j]])
+                            out[j] = bb.call(fma, [splat(av), bvecs[v], out[j]])
                 return out
 
+            def group(g: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                """One group of int4 steps of k for a block of one row: sum a x q, then scale once:
+                s * sum a (q - 8) = s * (sum a q - 8 sum a)."""
+                pairs = self.group // 2
+                def pair(kv: ir.Value, part: list[ir.Value]) -> list[ir.Value]:
+                    at = bb.add(bb.mul(g, i64(pairs)), kv)
+                    return kstep(kv, part, self._nibble_pair(p, at, nr, vt, scaled=False))
+                sums = self.loop(i64(0), i64(pairs), zeros + [ir.Constant(F32, 0.0)] * mr, pair)
+                row = bb.mul(bb.add(bb.mul(p, i64(kk // self.group)), g), i64(nr))
+                scales = [self._vector(self.pack_name + SCALES, bb.add(row, i64(v * lanes)), F32, vt)
+                          for v in range(nv)]
+                shift = [splat(bb.fmul(total, ir.Constant(F32, -8.0))) for total in sums[mr * nv:]]
+                return [bb.call(fma, [bb.fadd(sums[j], shift[j // nv]), scales[j % nv], acc])
+                        for j, acc in enumerate(accs)]
+
             zeros = [ir.Constant(vt, [0.0] * lanes)] * (mr * nv)
-            per_step = 2 if self._nibbles() else 1  # int4: one byte holds two steps of k
-            accs = self.loop(i64(0), i64(kk // per_step), zeros, kstep) if kk else zeros
+            if self._nibbles() and mr == 1:  # the scales apply per group, not per step
+                accs = self.loop(i64(0), i64(kk // self.group), zeros, group)
+            else:
+                per_step = 2 if self._nibbles() else 1  # int4: one byte holds two steps of k
+                accs = self.loop(i64(0), i64(kk // per_step), zeros, kstep) if kk else zeros
             if self.pack_format == "int8":  # one scale per column: applied once, after the sum
                 scales = [self._vector(self.pack_name + SCALES, bb.add(n0, i64(v * lanes)), F32, vt)
                           for v in range(nv)]
@@ -274,13 +297,17 @@ class ContractionEmitter(KernelEmitter):
         if not self._nibbles():
             self.scope.bind(c.reduce.var.name, kv)
             return [(kv, self._b_vectors(c, p, n0, kv, nr, full, unit, vt))]
-        bb, lanes, kk = self.b, self.lanes, c.reduce.size
-        group = FORMATS[self.pack_format].group
+        return self._nibble_pair(p, kv, nr, vt, scaled=True)
+
+    def _nibble_pair(self, p: ir.Value, kv: ir.Value, nr: int, vt: ir.VectorType, scaled: bool
+                     ) -> list[tuple[ir.Value, list[ir.Value]]]:
+        """The int4 panel's steps 2 kv and 2 kv + 1: (q - 8) * s, or q alone when not scaled."""
+        bb, lanes, kk = self.b, self.lanes, self.contraction.reduce.size
         k0 = bb.mul(kv, i64(2))
         base = bb.mul(bb.add(bb.mul(p, i64(kk // 2)), kv), i64(nr))  # bytes: k0 low nibbles, k0 + 1 high
         if self.streaming:
             self._prefetch(self.ptr[self.pack_name], base, nr)
-        row = bb.mul(bb.add(bb.mul(p, i64(kk // group)), bb.sdiv(k0, i64(group))), i64(nr))
+        row = bb.mul(bb.add(bb.mul(p, i64(kk // self.group)), bb.sdiv(k0, i64(self.group))), i64(nr))
         iv = ir.VectorType(I32, lanes)
         low, high = (ir.Constant(iv, [m] * lanes) for m in (15, 4))
         offset = ir.Constant(vt, [8.0] * lanes)
@@ -288,13 +315,20 @@ class ContractionEmitter(KernelEmitter):
         for v in range(nr // lanes):
             at = bb.add(base, i64(v * lanes))
             packed = bb.zext(self._vector(self.pack_name, at, I8, ir.VectorType(I8, lanes)), iv)
-            scale = self._vector(self.pack_name + SCALES, bb.add(row, i64(v * lanes)), F32, vt)
+            scale = self._vector(self.pack_name + SCALES, bb.add(row, i64(v * lanes)), F32, vt) if scaled \
+                else None
             for step, q in zip(steps, (bb.and_(packed, low), bb.lshr(packed, high))):
-                step.append(bb.fmul(bb.fsub(bb.sitofp(q, vt), offset), scale))  # (q - 8) * s, exact
+                q = bb.sitofp(q, vt)
+                step.append(bb.fmul(bb.fsub(q, offset), scale) if scaled else q)  # (q - 8) * s, exact
         return [(k0, steps[0]), (bb.add(k0, i64(1)), steps[1])]
 
     def _nibbles(self) -> bool:
         return self.pack_format is not None and FORMATS[self.pack_format].bits == 4
+
+    @property
+    def group(self) -> int:
+        """Steps of k per scale of an int4 panel."""
+        return FORMATS[self.pack_format].group
 
     def _vector(self, buf: str, at: ir.Value, elem: ir.Type, vt: ir.VectorType) -> ir.Value:
         """The vector vt at element `at` of buffer buf (elements of type elem)."""
