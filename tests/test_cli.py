@@ -266,3 +266,20 @@ def test_cuda_artifact_without_a_cuda_device(work, tmp_path, capsys):
     assert "target cuda" in text and "k0" in text and "kernels.cu" in text
     assert main(["inspect", str(artifact), "--measure"]) == 1  # running does
     assert "no CUDA device found" in capsys.readouterr().err
+
+
+def test_compile_with_rounded_weights_reports_their_error(tmp_path, capsys):
+    factory = tmp_path / "wide.py"
+    factory.write_text("import torch\n"
+                       "def make():\n"
+                       "    torch.manual_seed(0)\n"
+                       "    return torch.nn.Linear(128, 64).eval(), (torch.randn(1, 128),)\n")
+    out = tmp_path / "wide.eclat"
+    assert main(["compile", f"{factory}:make", "--weights", "int8", "--max-error", "0.5", "-o", str(out),
+                 *FAST]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    assert "weights: int8 (1 int8), " in capsys.readouterr().out
+    assert main(["compile", f"{factory}:make", "--weights", "int4", "--max-error", "1e-9", "-o", str(out),
+                 *FAST]) == 1
+    assert "over max_error=1e-09" in capsys.readouterr().err

@@ -89,7 +89,8 @@ def quantize(graph: Graph, mode: str, made: dict[tuple, tuple[np.ndarray, np.nda
 def accuracy(exact: Graph, rounded: Graph, arrays: list[np.ndarray]) -> dict[str, Any]:
     """What rounding the weights does on the example inputs: the relative error (L2) of each
     output and of each layer (a matmul reading a rounded weight, named after the weight; errors
-    carry over from the layers before it), and the weights' bytes in float32 and stored."""
+    carry over from the layers before it), and the bytes of the weights it reads, in float32 and
+    stored."""
     layers = {}
     for n, name, _ in _contractions(exact):
         if name in rounded.formats:
@@ -98,12 +99,13 @@ def accuracy(exact: Graph, rounded: Graph, arrays: list[np.ndarray]) -> dict[str
     want = dataclasses.replace(exact, outputs=probe)
     before, after = run(want, arrays), run(dataclasses.replace(want, weights=rounded.weights), arrays)
     errors = [_relative(a, b) for a, b in zip(after, before)]
+    used = {n.arg: rounded.weights[n.arg] for n in exact.nodes() if n.op == "weight"}
     stored = sum(FORMATS[rounded.formats[n]].stored_bytes(w.size) if n in rounded.formats else w.nbytes
-                 for n, w in rounded.weights.items())
+                 for n, w in used.items())
     kinds = sorted(set(rounded.formats.values()))
     counts = {f: sum(v == f for v in rounded.formats.values()) for f in kinds}
-    return {"weights": "+".join(kinds), "formats": counts,
-            "float32_bytes": int(sum(w.nbytes for w in exact.weights.values())), "stored_bytes": int(stored),
+    return {"weights": "+".join(kinds) or "none large enough", "formats": counts,
+            "float32_bytes": int(sum(w.nbytes for w in used.values())), "stored_bytes": int(stored),
             "layers": dict(zip(layers, errors)), "outputs": errors[len(layers):]}
 
 
