@@ -1,7 +1,8 @@
 """Language-model inference: time to first token and decode speed, eclat against transformers.
 
     python benchmarks/lm.py [--models gpt2,llama] [--threads 1] [--prompts 128,512] [--new 128]
-                            [--autotune fast] [--torch-compile] [--out table.md]
+                            [--autotune fast] [--torch-compile] [--weights fp32,int8] [--torch-int8]
+                            [--out table.md]
 
 Models are random-weight configs (no download): GPT-2 small's shape (12 layers, d=768, 124M
 parameters) and a Llama of about 300M parameters. For each: eclat's compile time; time to first
@@ -10,6 +11,11 @@ the longest prompt; the same for transformers eager `generate` (its dynamic cach
 --torch-compile, transformers with its static cache and a torch.compile'd forward. Decode is also
 given as a fraction of the bandwidth roofline: bytes read per token (every weight once, the KV
 cache eclat's static cache reads) over the triad bandwidth eclat's device probe measured.
+
+--weights compiles eclat once per mode (`weights=`: fp32, bf16, int8, int4, int4-128), each with its
+agreement with the model (mean KL divergence of the next-token distributions, top-1 agreement;
+eclat.generate.agreement); --torch-int8 adds transformers eager with torch's dynamic int8
+quantization of its nn.Linear layers (GPT-2's Conv1D layers are not nn.Linear: it leaves them).
 """
 
 from __future__ import annotations
@@ -75,6 +81,28 @@ def hf_times(model, prompt: list[int], new: int, runs: int, **generate) -> tuple
     return first, new / max(total - first, 1e-9)
 
 
+def peer_row(model, token_prompts: dict[int, list[int]], new: int, runs: int, roof: float,
+             agreement: str = "0, 1.00", **generate) -> tuple:
+    """A transformers runner's row: (compile s, first-token seconds per prompt, decode tokens/s, its
+    roofline, agreement); decode after the longest prompt."""
+    t = time.perf_counter()
+    longest = max(token_prompts)
+    times = [hf_times(model, tokens, new if p == longest else 1, runs, **generate)
+             for p, tokens in token_prompts.items()]
+    took = f"{time.perf_counter() - t:.0f}" if generate else ""  # torch.compile's compile is in it
+    return took, [f for f, _ in times], times[-1][1], roof, agreement
+
+
+def torch_agreement(qmodel, model, max_len: int, positions: int = 64) -> str:
+    """eclat.generate.agreement's figures for a torch model against the float32 one."""
+    n = min(positions, max_len)
+    tokens = torch.tensor([np.random.default_rng(0).integers(1, model.config.vocab_size, n).tolist()])
+    with torch.no_grad():
+        p, q = (torch.log_softmax(m(tokens, use_cache=False).logits[0].double(), -1) for m in (model, qmodel))
+    kl = (p.exp() * (p - q)).sum(-1).mean().item()
+    return f"{kl:.2g}, {(p.argmax(-1) == q.argmax(-1)).double().mean().item():.2f}"
+
+
 def compile_times(name: str, max_len: int, chunk: int, autotune: str, threads: int) -> str:
     """The first compile of a model into an empty cache folder and the second from it, with what the
     first spent on the e-graph and how many candidates it timed, per program."""
@@ -103,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--autotune", default="fast")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--torch-compile", action="store_true")
+    ap.add_argument("--weights", default="fp32", help="eclat's weight formats, comma-separated (fp32 first)")
+    ap.add_argument("--torch-int8", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--compile-only", action="store_true",
                     help="compile each model twice into an empty cache folder and report only the compiles")
@@ -121,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
              f"{os.cpu_count()} cores; {args.threads} thread(s); triad {gbps:.1f} GB/s; eclat autotune="
              f"{args.autotune}, static cache of {max_len}, prefill chunk {chunk}", "",
              "| model | runner | compile s | " + " | ".join(f"first token @{p} ms" for p in prompts) +
-             " | decode tok/s | of roofline | eclat speed-up |",
-             "|---|---|---|" + "---|" * len(prompts) + "---|---|---|"]
+             " | decode tok/s | of roofline | KL, top-1 | eclat speed-up |",
+             "|---|---|---|" + "---|" * len(prompts) + "---|---|---|---|"]
     print("\n".join(lines), flush=True)
     if args.compile_only:
         for name in args.models.split(","):
@@ -141,40 +171,49 @@ def main(argv: list[str] | None = None) -> None:
         cache_bytes = 2 * cfg.num_hidden_layers * kv_heads * head_dim * max_len * 4
         roof = gbps * 1e9 / (params * 4 + cache_bytes)  # tokens/s if every byte moved at triad speed
 
-        t = time.perf_counter()
-        lm = eclat.compile_lm(model, max_len=max_len, chunk=chunk, autotune=args.autotune,
-                              threads=args.threads, quiet=True)
-        compile_s = time.perf_counter() - t
-        firsts = [median_s(lambda t=token_prompts[p], lm=lm: lm.logits(t), args.runs) for p in prompts]
+        rows, same = {}, []
         longest = token_prompts[max(prompts)]
-        _, rate = lm.tokens_per_second(longest, args.new)
-        rows = {"eclat": (f"{compile_s:.0f}", firsts, rate)}
         check = torch.tensor([longest[:32]])
-        same = lm.generate(longest[:32], 16) == model.generate(
-            check, attention_mask=torch.ones_like(check), max_new_tokens=16, min_new_tokens=16,
-            do_sample=False)[0, check.shape[1]:].tolist()
+        want = model.generate(check, attention_mask=torch.ones_like(check), max_new_tokens=16,
+                              min_new_tokens=16, do_sample=False)[0, check.shape[1]:].tolist()
+        for mode in args.weights.split(","):
+            t = time.perf_counter()
+            lm = eclat.compile_lm(model, max_len=max_len, chunk=chunk, autotune=args.autotune,
+                                  threads=args.threads, quiet=True, weights=mode)
+            compile_s = time.perf_counter() - t
+            firsts = [median_s(lambda t=token_prompts[p], lm=lm: lm.logits(t), args.runs) for p in prompts]
+            rate = max(lm.tokens_per_second(longest, args.new)[1] for _ in range(2))
+            q = lm.decode.report().get("quantization")
+            mode_roof = gbps * 1e9 / ((q["stored_bytes"] if q else params * 4) + cache_bytes)
+            ag = lm.agreement or {"mean_kl": 0.0, "top1": 1.0}
+            rows[f"eclat {mode}"] = (f"{compile_s:.0f}", firsts, rate, mode_roof,
+                                     f"{ag['mean_kl']:.2g}, {ag['top1']:.2f}")
+            same.append(f"{mode} {lm.generate(longest[:32], 16) == want}")
+            del lm
+
         with torch.inference_mode():
-            times = [hf_times(model, token_prompts[p], args.new if p == max(prompts) else 1, args.runs)
-                     for p in prompts]
-            rows["transformers eager"] = ("", [f for f, _ in times], times[-1][1])
+            common = (token_prompts, args.new, args.runs, roof)
+            rows["transformers eager"] = peer_row(model, *common)
+            if args.torch_int8:
+                qmodel = torch.ao.quantization.quantize_dynamic(make(name), {torch.nn.Linear},
+                                                                dtype=torch.qint8)
+                rows["transformers eager, torch dynamic int8"] = peer_row(
+                    qmodel, *common, torch_agreement(qmodel, model, max_len))
             if args.torch_compile:
                 compiled = make(name)
                 compiled.forward = torch.compile(compiled.forward)
-                t = time.perf_counter()
-                times = [hf_times(compiled, token_prompts[p], args.new if p == max(prompts) else 1, args.runs,
-                                  cache_implementation="static") for p in prompts]
-                rows["transformers torch.compile (static cache)"] = (f"{time.perf_counter() - t:.0f}",
-                                                                      [f for f, _ in times], times[-1][1])
-        for runner, (cs, fs, r) in rows.items():
-            speed = "" if runner == "eclat" else f"{rate / r:.2f}x decode"
+                rows["transformers torch.compile (static cache)"] = peer_row(compiled, *common,
+                                                                              cache_implementation="static")
+        base = rows.get("eclat fp32", next(iter(rows.values())))[2]
+        for runner, (cs, fs, r, rf, ag) in rows.items():
+            speed = f"{r / base:.2f}x (vs eclat fp32)" if runner.startswith("eclat") else f"{base / r:.2f}x"
             firsts_ms = " | ".join(f"{f * 1e3:.0f}" for f in fs)
             line = (f"| {name} ({params / 1e6:.0f}M) | {runner} | {cs} | {firsts_ms} | {r:.1f} "
-                    f"| {r / roof:.0%} | {speed} |")
+                    f"| {r / rf:.0%} | {ag} | {speed} |")
             lines.append(line)
             print(line, flush=True)
-        notes.append(f"{name}: eclat's greedy tokens match transformers' generate: {same}")
+        notes.append(f"{name}: eclat's greedy tokens match transformers' generate: {', '.join(same)}")
         print(notes[-1], flush=True)
-        del lm
     if args.out:
         Path(args.out).write_text("\n".join(lines + [""] + notes) + "\n")
 

@@ -172,6 +172,6 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
     monkeypatch.setattr(pipeline, "_programs", programs)
     monkeypatch.setattr(pipeline, "verified_build", lambda program, *args: program)
     monkeypatch.setattr(pipeline, "_sample_us", fake_time)
-    seconds, exe, program, stats = pipeline._pick([None] * 4, None, None, "full", 1, [], None, True)
+    seconds, exe, program, stats = pipeline._pick([None] * 4, None, None, "full", 1, [], lambda n: None, True)
     assert (stats.chosen, seconds, stats.timed) == (1, 8.0, 4)
     assert calls[:4] == ["p0", "p1", "p2", "p3"] and calls[4:7] == ["p0", "p1", "p2"]
