@@ -117,7 +117,8 @@ def test_bad_modes_and_errors_over_the_limit_are_refused():
 
 def test_artifacts_store_the_packed_weights(tmp_path):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)).eval()
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(),
+                                torch.nn.Linear(1024, 512)).eval()
     x = torch.randn(2, 512)
     sizes = {}
     for mode in ("fp32", "int8", "int4"):
@@ -145,3 +146,20 @@ def test_a_language_model_reports_its_agreement_with_the_model(tmp_path):
     lm.save(str(tmp_path / "lm"))
     again = eclat.load(str(tmp_path / "lm"))
     assert again.agreement == a and again.generate([5, 6], 4) == lm.generate([5, 6], 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_models_accumulate_in_float32(dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 64),
+                                torch.nn.LayerNorm(64)).eval()
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(x.to(dtype).double()).numpy()
+        model = model.to(dtype)
+        theirs = model(x.to(dtype)).double().numpy()
+    got = eclat.compile(model, (x.to(dtype),), autotune="none", quiet=True)(x.to(dtype))
+    assert got.dtype == dtype
+    ours = got.double().numpy()
+    # within torch's own error against float64 (sums in float32, rounded where stored)
+    assert np.abs(ours - exact).max() <= 1.25 * np.abs(theirs - exact).max()

@@ -53,6 +53,12 @@ def from_numpy(dtype: np.dtype) -> DType:
         raise TypeError(f"eclat has no dtype for numpy {np.dtype(dtype)}") from None
 
 
+def accumulator(dt: DType) -> np.dtype:
+    """The numpy type sums and products of dt accumulate in: float32 for the half types (as torch
+    does on the CPU), else dt's own."""
+    return np.dtype(np.float32) if dt in (DType.float16, DType.bfloat16) else dt.np
+
+
 def round_bfloat16(x: np.ndarray) -> np.ndarray:
     """Round float32 values to the nearest bfloat16 (ties to even), kept as float32."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)

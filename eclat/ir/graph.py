@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DType, round_bfloat16
+from .dtypes import DType, accumulator, round_bfloat16
 from .symbolic import as_int, sint, sym_eq
 from .view import View
 
@@ -95,7 +95,7 @@ for _name, _kind, _fn in [
     ("lt", "binary", lambda node, a, b: np.less(a, b)),
     ("max", "binary", lambda node, a, b: np.maximum(a, b)),
     ("where", "ternary", lambda node, c, a, b: np.where(c, a, b)),
-    ("sum", "reduce", lambda node, x: np.sum(x, axis=node.arg, dtype=node.dtype.np)),
+    ("sum", "reduce", lambda node, x: _cast(node, np.sum(x, axis=node.arg, dtype=accumulator(node.dtype)))),
     ("max_reduce", "reduce", _max_reduce),
     ("contiguous", "contiguous", lambda node, x: np.ascontiguousarray(x)),
     ("gather", "gather", _gather),

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..ir import graph as g
-from ..ir.dtypes import DType
+from ..ir.dtypes import DType, accumulator
 from ..ir.graph import Node
 from ..ir.interpreter import bind_dims, read_view
 from ..ir.symbolic import sym_eq
@@ -73,7 +73,8 @@ def rsqrt(x: Node) -> Node:
 
 
 g.register("matmul", "composite",
-           lambda node, a, b: np.matmul(a, b, dtype=node.dtype.np), decompose=_decompose_matmul)
+           lambda node, a, b: np.matmul(a, b, dtype=accumulator(node.dtype)).astype(node.dtype.np),
+           decompose=_decompose_matmul)
 g.register("fma", "composite", lambda node, a, b, c: (a * b + c).astype(node.dtype.np),
            decompose=lambda n: g.binary("add", g.binary("mul", n.srcs[0], n.srcs[1]), n.srcs[2]))
 g.register("rsqrt", "composite",

@@ -152,10 +152,11 @@ class ContractionEmitter(KernelEmitter):
         vt = ir.VectorType(F32, lanes)
         fma = intrinsic(self.mod, "llvm.fma", vt, 3)
         b_unit = self._unit_stride(c.b, f"i{c.n_axis}")
-        # a right operand that is not a constant: copy each K x NR panel into a dense scratch
-        # once, and let every row block read it with vector loads
+        # a right operand that is not a constant, or a constant packed in low precision: copy (decode)
+        # each K x NR panel into a dense float32 scratch once, and let every row block read it
         self.scratch = None
-        if self.pack_name is None and blocks > 1 and 0 < kk * nr * 4 <= RUNTIME_PACK_BYTES:
+        copied = self.pack_name is None or self.pack_format is not None
+        if copied and blocks > 1 and 0 < kk * nr * 4 <= RUNTIME_PACK_BYTES:
             self.scratch = self.b.alloca(F32, size=kk * nr)
 
         def micro(p: ir.Value, mb: ir.Value) -> None:
@@ -204,10 +205,11 @@ class ContractionEmitter(KernelEmitter):
                         for j, acc in enumerate(accs)]
 
             zeros = [ir.Constant(vt, [0.0] * lanes)] * (mr * nv)
-            if self._nibbles() and mr == 1:  # the scales apply per group, not per step
+            nibbles = self._nibbles() and self.scratch is None
+            if nibbles and mr == 1:  # the scales apply per group, not per step
                 accs = self.loop(i64(0), i64(kk // self.group), zeros, group)
             else:
-                per_step = 2 if self._nibbles() else 1  # int4: one byte holds two steps of k
+                per_step = 2 if nibbles else 1  # int4: one byte holds two steps of k
                 accs = self.loop(i64(0), i64(kk // per_step), zeros, kstep) if kk else zeros
             if self.pack_format == "int8":  # one scale per column: applied once, after the sum
                 scales = [self._vector(self.pack_name + SCALES, bb.add(n0, i64(v * lanes)), F32, vt)
@@ -229,15 +231,29 @@ class ContractionEmitter(KernelEmitter):
             for a, stride, size in zip(batch, contiguous_strides(sizes), sizes):
                 self.scope.bind(f"i{a}", bb.srem(bb.sdiv(rest, i64(stride)), i64(size)))
             if self.scratch is not None:
-                self._pack_panel(c, bb.mul(p, i64(nr)), nr, kk, n_size)
+                self._pack_panel(c, p, nr, kk, n_size)
             self.loop(i64(0), i64(blocks), [], lambda mb, _c: micro(p, mb) or [])
             return []
 
         self.loop(self.fn.args[1], self.fn.args[2], [], step)
         return panels * per_panel
 
-    def _pack_panel(self, c: Contraction, n0: ir.Value, nr: int, kk: int, n_size: int) -> None:
-        """scratch[k * NR + col] = b at (n0 + col clamped, k), for the current batch."""
+    def _pack_panel(self, c: Contraction, p: ir.Value, nr: int, kk: int, n_size: int) -> None:
+        """scratch[k * NR + col] = b at (panel p's column col clamped, k), for the current batch; a
+        low-precision panel decoded (int8 unscaled: its scales apply after the sum)."""
+        n0 = self.b.mul(p, i64(nr))
+        if self.pack_format:
+            vt = ir.VectorType(F32, self.lanes)
+
+            def decode(kv: ir.Value, _a: list) -> list:
+                for k_at, vecs in self._b_steps(c, p, n0, kv, nr, None, True, vt, into_scratch=True):
+                    for v, vec in enumerate(vecs):
+                        at = self.b.add(self.b.mul(k_at, i64(nr)), i64(v * self.lanes))
+                        store_through(self.b, vec, vector_ptr(self.b, self.scratch, at))
+                return []
+            self.loop(i64(0), i64(kk // (2 if self._nibbles() else 1)), [], decode)
+            return
+
         def step(kv: ir.Value, _a: list) -> list:
             self.scope.bind(c.reduce.var.name, kv)
             for col, val in enumerate(self._b_columns(c, n0, nr, n_size)):
@@ -253,11 +269,13 @@ class ContractionEmitter(KernelEmitter):
         return coefs == [1]
 
     def _b_vectors(self, c: Contraction, p: ir.Value, n0: ir.Value, kv: ir.Value, nr: int,
-                   full: ir.Value, unit: bool, vt: ir.VectorType) -> list[ir.Value]:
-        """The NR values of the right operand at step k, as NR/lanes vectors."""
+                   full: ir.Value, unit: bool, vt: ir.VectorType, into_scratch: bool = False
+                   ) -> list[ir.Value]:
+        """The NR values of the right operand at step k, as NR/lanes vectors (from the scratch copy
+        of the panel, unless into_scratch)."""
         bb, lanes = self.b, self.lanes
         nv = nr // lanes
-        if self.scratch is not None:
+        if self.scratch is not None and not into_scratch:
             base = bb.mul(kv, i64(nr))
             return [bb.load(vector_ptr(bb, self.scratch, bb.add(base, i64(v * lanes))), typ=vt, align=4)
                     for v in range(nv)]
@@ -291,12 +309,14 @@ class ContractionEmitter(KernelEmitter):
         return out
 
     def _b_steps(self, c: Contraction, p: ir.Value, n0: ir.Value, kv: ir.Value, nr: int, full: ir.Value,
-                 unit: bool, vt: ir.VectorType) -> list[tuple[ir.Value, list[ir.Value]]]:
+                 unit: bool, vt: ir.VectorType, into_scratch: bool = False
+                 ) -> list[tuple[ir.Value, list[ir.Value]]]:
         """(k, the right operand's NR values at k as NR/lanes vectors) for each step of k that one
-        iteration of the k loop (number kv) makes: two for int4 panels, else one."""
-        if not self._nibbles():
+        iteration of the k loop (number kv) makes: two for int4 panels, else one. into_scratch:
+        read the packed panel even where a scratch copy of it exists (to fill that copy)."""
+        if not self._nibbles() or (self.scratch is not None and not into_scratch):
             self.scope.bind(c.reduce.var.name, kv)
-            return [(kv, self._b_vectors(c, p, n0, kv, nr, full, unit, vt))]
+            return [(kv, self._b_vectors(c, p, n0, kv, nr, full, unit, vt, into_scratch))]
         return self._nibble_pair(p, kv, nr, vt, scaled=True)
 
     def _nibble_pair(self, p: ir.Value, kv: ir.Value, nr: int, vt: ir.VectorType, scaled: bool

@@ -282,6 +282,8 @@ class KernelEmitter:
     def store(self, buf: str, index: Expr, v: ir.Value, dt: DType) -> None:
         if dt is DType.bool:
             v = self.b.zext(v, I8)
+        elif dt is DType.float16:
+            v = self.b.fptrunc(v, mem_type(dt))
         at = self.b.gep(self.ptr[buf], [self.sym(index)], inbounds=True, source_etype=mem_type(dt))
         self.b.store(v, at)
 
@@ -342,6 +344,8 @@ class KernelEmitter:
     def load_at(self, buf: str, flat: ir.Value, dt: DType) -> ir.Value:
         v = self.b.load(self.b.gep(self.ptr[buf], [flat], inbounds=True, source_etype=mem_type(dt)),
                         typ=mem_type(dt))
+        if dt is DType.float16:
+            return self.b.fpext(v, reg_type(dt))
         return self.b.trunc(v, I1) if dt is DType.bool else v
 
     def op(self, e: Op) -> ir.Value:

@@ -16,7 +16,8 @@ F32, F16 = ir.FloatType(), ir.HalfType()
 PTR = ir.PointerType()
 FAST = ("reassoc", "nsz", "contract")
 
-_REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F16,
+# the half types compute in float32 registers, as torch does on the CPU; float16 is stored as half
+_REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F32,
         DType.int32: I32, DType.int64: I64, DType.bool: I1}
 
 
@@ -25,7 +26,7 @@ def reg_type(dt: DType) -> ir.Type:
 
 
 def mem_type(dt: DType) -> ir.Type:
-    return I8 if dt is DType.bool else _REG[dt]
+    return {DType.bool: I8, DType.float16: F16}.get(dt) or _REG[dt]
 
 
 def i64(v: int) -> ir.Constant:
@@ -138,7 +139,7 @@ def cast_int(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
 
 
 def cast(b: ir.IRBuilder, v: ir.Value, src: DType, dst: DType) -> ir.Value:
-    if src is dst or (reg_type(src) == reg_type(dst) and dst is not DType.bfloat16):
+    if src is dst or (reg_type(src) == reg_type(dst) and dst not in (DType.bfloat16, DType.float16)):
         return v
     if dst is DType.bool:
         return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0)) if src.is_float else \
@@ -154,6 +155,8 @@ def cast(b: ir.IRBuilder, v: ir.Value, src: DType, dst: DType) -> ir.Value:
         out = b.sitofp(v, t)
     else:
         out = b.sext(v, t) if t.width > v.type.width else b.trunc(v, t)
+    if dst is DType.float16:  # rounded to half, kept in a float
+        out = b.fpext(b.fptrunc(out, F16), F32)
     if dst is DType.bfloat16:  # round to nearest even on the upper 16 bits, kept in a float
         bits = b.bitcast(out, I32)
         lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
