@@ -46,7 +46,6 @@ def contraction_of(kernel: Kernel) -> Contraction | None:
 
 
 _PACKED: dict[tuple, list[np.ndarray]] = {}  # packings of live weights, by array, layout and format
-STORED = {"int16": "bf16", "int8": "int8", "uint8": "int4"}  # numpy dtype of a packed weight -> its kind
 
 
 def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int, kk: int,
@@ -184,9 +183,10 @@ class ContractionEmitter(KernelEmitter):
                             av = self.emit(c.a)
                         if steps:
                             out[mr * nv + r] = bb.fadd(out[mr * nv + r], av)
+                        row_a = splat(av)
                         for v in range(nv):
                             j = r * nv + v
-                            out[j] = bb.call(fma, [splat(av), bvecs[v], out[j]])
+                            out[j] = bb.call(fma, [row_a, bvecs[v], out[j]])
                 return out
 
             def group(g: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
