@@ -95,12 +95,14 @@ def peer_row(model, token_prompts: dict[int, list[int]], new: int, runs: int, ro
 
 def torch_agreement(qmodel, model, max_len: int, positions: int = 64) -> str:
     """eclat.generate.agreement's figures for a torch model against the float32 one."""
-    n = min(positions, max_len)
-    tokens = torch.tensor([np.random.default_rng(0).integers(1, model.config.vocab_size, n).tolist()])
-    with torch.no_grad():
-        p, q = (torch.log_softmax(m(tokens, use_cache=False).logits[0].double(), -1) for m in (model, qmodel))
-    kl = (p.exp() * (p - q)).sum(-1).mean().item()
-    return f"{kl:.2g}, {(p.argmax(-1) == q.argmax(-1)).double().mean().item():.2f}"
+    from eclat.generate import next_token_agreement
+
+    def logits_of(tokens: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return qmodel(torch.tensor([tokens]), use_cache=False).logits[0].double().numpy()
+
+    a = next_token_agreement(model, min(positions, max_len), logits_of)
+    return f"{a['mean_kl']:.2g}, {a['top1']:.2f}"
 
 
 def compile_times(name: str, max_len: int, chunk: int, autotune: str, threads: int) -> str:

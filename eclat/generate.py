@@ -206,20 +206,26 @@ AGREEMENT_POSITIONS = 64  # positions of a fixed random sequence compared by agr
 
 
 def agreement(lm: CausalLM, model: Any, positions: int = AGREEMENT_POSITIONS) -> dict[str, Any]:
-    """How lm's next-token distributions compare with the model's own (torch, float32) at each
-    position of a fixed random token sequence: the mean KL divergence KL(model || lm) in nats and
-    the share of positions where both rank the same token first. Rounded weights (`weights=`)
-    move these; a faithful compile gives about 0 and 1."""
+    """How lm's next-token distributions compare with the model's own (torch, float32): see
+    next_token_agreement. Rounded weights (`weights=`) move these; a faithful compile gives about 0
+    and 1."""
+    return next_token_agreement(model, min(positions, lm.max_len), lambda tokens: np.stack(
+        [lm.logits(tokens[:1])] + [lm.step(t, k) for k, t in enumerate(tokens[1:], 1)]))
+
+
+def next_token_agreement(model: Any, positions: int, logits_of: Any) -> dict[str, Any]:
+    """At each position of a fixed random token sequence, the model's next-token distribution
+    against a runner's (logits_of(tokens): its logits at every position): the mean KL divergence
+    KL(model || runner) in nats and the share of positions where both rank the same token first."""
     import torch
 
-    n = min(positions, lm.max_len)
-    tokens = np.random.default_rng(0).integers(1, model.config.vocab_size, n).tolist()
+    tokens = np.random.default_rng(0).integers(1, model.config.vocab_size, positions).tolist()
     with torch.no_grad():
         want = model(torch.tensor([tokens]), use_cache=False).logits[0].double().numpy()
-    got = np.stack([lm.logits(tokens[:1])] + [lm.step(t, k) for k, t in enumerate(tokens[1:], 1)])
-    log_p, log_q = (z - np.logaddexp.reduce(z, axis=-1, keepdims=True) for z in (want, np.float64(got)))
+    got = np.asarray(logits_of(tokens), np.float64)
+    log_p, log_q = (z - np.logaddexp.reduce(z, axis=-1, keepdims=True) for z in (want, got))
     kl = np.sum(np.exp(log_p) * (log_p - log_q), axis=-1)
-    return {"positions": n, "mean_kl": round(float(kl.mean()), 6),
+    return {"positions": positions, "mean_kl": round(float(kl.mean()), 6),
             "top1": round(float(np.mean(want.argmax(-1) == got.argmax(-1))), 4)}
 
 
