@@ -9,6 +9,7 @@ import numpy as np
 
 import eclat.rewrites.composites  # noqa: F401  (registers the fma composite)
 from eclat.backends.gpu import GpuSchedule, gpu_schedule_space, with_variants
+from eclat.backends.gpu.packing import pack_weights
 from eclat.compiler.group import group
 from eclat.compiler.kernel import Program
 from eclat.ir import graph as g
@@ -131,8 +132,48 @@ def integers() -> tuple[Graph, list[np.ndarray]]:
         (RNG.standard_normal((4, 40)) * 10).astype(np.float32)]
 
 
+def halves() -> tuple[Graph, list[np.ndarray]]:
+    """float16 in and out: computed in float registers, stored as half; the cast rounds to nearest
+    even through subnormals, the largest half, overflow, infinities and NaN."""
+    x, y = g.input_("x", (6, 300), DType.float16), g.input_("y", (300, 7), DType.float16)
+    f = g.input_("f", (16,))
+    special = np.array([0.0, -0.0, 3e-8, 2.9802322e-08, 6.1e-05, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 65504.0,
+                        65519.0, 65520.0, 7e4, -7e4, np.inf, -np.inf, np.nan, 1e-3], np.float32)
+    half = g.expand_to(g.const(0.5, DType.float16), x.shape)
+    outs = [g.binary("add", x, half), g.reduce("max_reduce", x, 1), g.reduce("sum", x, 1), matmul(x, y),
+            g.cast(f, DType.float16), g.cast(x, DType.float32)]
+    return Graph([x, y, f], outs, {}), [_rand(6, 300).astype(np.float16), _rand(300, 7).astype(np.float16),
+                                        special]
+
+
+def packed() -> tuple[Graph, list[np.ndarray]]:
+    """Weights rounded to each low-precision format, read packed by products (a matrix times a
+    weight, a row times a transposed one, a tied table also gathered row by row)."""
+    from eclat.compiler.quantize import FORMATS, fake
+
+    shapes = {"w8": ((64, 48), "int8", 0), "w4": ((40, 64), "int4", 1), "wb": ((64, 24), "bf16", 0),
+              "table": ((50, 64), "int8", 1)}
+    weights = {n: fake(_rand(*s), FORMATS[f], axis) for n, (s, f, axis) in shapes.items()}
+    w = {n: g.weight(n, a, DType.float32) for n, a in weights.items()}
+    x, v = g.input_("x", (9, 64)), g.input_("v", (1, 64))
+    ids = g.input_("ids", (3,), DType.int32)
+
+    def t(n: Node) -> Node:
+        return g.movement(n, lambda view: view.permute((1, 0)))
+
+    outs = [matmul(x, w["w8"]), matmul(v, t(w["w4"])), matmul(x, t(w["w4"])), matmul(x, w["wb"]),
+            matmul(v, t(w["table"])), g.gather(w["table"], ids)]
+    graph = Graph([x, v, ids], outs, weights, formats={n: (f, axis) for n, (_, f, axis) in shapes.items()})
+    return graph, [_rand(9, 64), _rand(1, 64), np.array([0, 49, 7], np.int32)]
+
+
 CASES = {"elementwise": elementwise, "reductions": reductions, "views": views, "gather": gather,
-         "matmuls": matmuls, "integers": integers}
+         "matmuls": matmuls, "integers": integers, "halves": halves, "packed": packed}
+
+
+def lowered(graph: Graph) -> Program:
+    """graph as a GPU target runs it: grouped into kernels, its formatted weights packed."""
+    return pack_weights(group(graph))
 
 
 def compare(outs: list[np.ndarray], ref: list[np.ndarray], rtol: float = 1e-4, atol: float = 1e-5) -> None:
@@ -142,6 +183,8 @@ def compare(outs: list[np.ndarray], ref: list[np.ndarray], rtol: float = 1e-4, a
         assert o.shape == r.shape and o.dtype == r.dtype, (j, o.shape, r.shape, o.dtype, r.dtype)
         if r.dtype.kind in "biu":
             np.testing.assert_array_equal(o, r, err_msg=f"output {j}")
+        elif r.dtype == np.float16:  # rounded once from float registers, not after every op
+            np.testing.assert_allclose(o, r, rtol=4e-3, atol=4e-3, err_msg=f"output {j}")
         else:
             np.testing.assert_allclose(o, r, rtol=rtol, atol=atol, err_msg=f"output {j}")
 
@@ -196,7 +239,7 @@ def check_schedule_space(make: Callable[[Program, dict[str, GpuSchedule]], objec
     """Every (or a sample of every) schedule of every kernel of case gives the default's values,
     and the defaults match the interpreter. make(program, schedules) -> an executable."""
     graph, inputs = CASES[case]()
-    program = group(graph)
+    program = lowered(graph)
     spaces = {k.name: gpu_schedule_space(k) for k in program.kernels}
     prog, chosen, variants = with_variants(program, spaces if full else
                                            {name: sample(space) for name, space in spaces.items()})

@@ -7,9 +7,8 @@ import sys
 
 import pytest
 
-from eclat.compiler.group import group
 from eclat.ir.interpreter import run
-from tests.gpu_cases import CASES, check_schedule_space, compare
+from tests.gpu_cases import CASES, check_schedule_space, compare, lowered
 
 pytestmark = [pytest.mark.metal,
               pytest.mark.skipif(sys.platform != "darwin", reason="Metal runs only on macOS")]
@@ -25,7 +24,7 @@ def _exe(program, schedules=None):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_case_matches_interpreter(case: str) -> None:
     graph, inputs = CASES[case]()
-    compare(_exe(group(graph)).run(inputs), run(graph, inputs))
+    compare(_exe(lowered(graph)).run(inputs), run(graph, inputs))
 
 
 @pytest.mark.parametrize("case", ["matmuls", "reductions", "elementwise"])

@@ -9,7 +9,7 @@ import pytest
 
 from eclat.compiler.group import group
 from eclat.ir.interpreter import run
-from tests.gpu_cases import CASES, check_schedule_space, compare, opencl_or_skip
+from tests.gpu_cases import CASES, check_schedule_space, compare, lowered, opencl_or_skip
 
 opencl_or_skip()
 from eclat.backends.opencl.runtime import OpenCLExecutable  # noqa: E402
@@ -18,12 +18,22 @@ from eclat.backends.opencl.runtime import OpenCLExecutable  # noqa: E402
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_case_matches_interpreter(case: str) -> None:
     graph, inputs = CASES[case]()
-    exe = OpenCLExecutable(group(graph))
+    exe = OpenCLExecutable(lowered(graph))
     compare(exe.run(inputs), run(graph, inputs))
 
 
+def test_floats_round_to_half_exactly() -> None:
+    """OpenCL has no half arithmetic: the rounding by bits gives numpy's (nearest, ties to even)
+    through subnormals, the largest half, overflow, infinities and NaN."""
+    graph, inputs = CASES["halves"]()
+    cast, want = OpenCLExecutable(lowered(graph)).run(inputs)[4], inputs[2].astype(np.float16)
+    number = ~np.isnan(want)
+    assert not np.any(np.isnan(cast[number])) and np.all(np.isnan(cast[~number]))
+    np.testing.assert_array_equal(cast.view(np.uint16)[number], want.view(np.uint16)[number])
+
+
 @pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["sample", "full"])
-@pytest.mark.parametrize("case", ["matmuls", "reductions", "elementwise"])
+@pytest.mark.parametrize("case", ["matmuls", "reductions", "elementwise", "packed"])
 def test_schedule_space(case: str, full: bool) -> None:
     check_schedule_space(OpenCLExecutable, case, full)
 

@@ -97,9 +97,8 @@ def test_the_rules_for_which_weights_and_which_format():
             matmul(x, w["small"]),  # 512 elements: stays float32
             matmul(x, w["both"]), matmul(x, t(w["both"]))]  # reduced along both axes: stays float32
     rounded = quantize(g.Graph([x, y, ids], outs, weights), "int4")
-    assert rounded.formats == {"table": "int8", "w": "int4", "odd": "int8"}
-    for name, fmt in rounded.formats.items():
-        axis = 1 if name == "table" else 0
+    assert rounded.formats == {"table": ("int8", 1), "w": ("int4", 0), "odd": ("int8", 0)}
+    for name, (fmt, axis) in rounded.formats.items():
         np.testing.assert_array_equal(rounded.weights[name], fake(weights[name], FORMATS[fmt], axis))
     assert rounded.weights["small"] is weights["small"] and rounded.weights["both"] is weights["both"]
 
@@ -115,14 +114,26 @@ def test_bad_modes_and_errors_over_the_limit_are_refused():
     assert ok.report()["quantization"]["outputs"][0] < 0.05
 
 
-def test_artifacts_store_the_packed_weights(tmp_path):
+def _on(target: str) -> str:
+    """target, skipping the test where it is OpenCL and no OpenCL device is here."""
+    if target == "opencl":
+        from tests.gpu_cases import opencl_or_skip
+
+        opencl_or_skip()
+    return target
+
+
+@pytest.mark.parametrize("target", ["cpu", "opencl"])
+def test_artifacts_store_the_packed_weights(tmp_path, target):
+    """The CPU packs panels and the GPU targets whole weights (decoded where a kernel reads them):
+    either way the artifact holds the packed bytes, not float32."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(),
                                 torch.nn.Linear(1024, 512)).eval()
     x = torch.randn(2, 512)
     sizes = {}
     for mode in ("fp32", "int8", "int4"):
-        compiled = eclat.compile(model, (x,), autotune="none", weights=mode, quiet=True)
+        compiled = eclat.compile(model, (x,), target=_on(target), autotune="none", weights=mode, quiet=True)
         path = tmp_path / f"{mode}.eclat"
         compiled.save(str(path))
         sizes[mode] = path.stat().st_size
@@ -151,8 +162,9 @@ def test_a_language_model_reports_its_agreement_with_the_model(tmp_path):
     assert again.agreement == a and again.generate([5, 6], 4) == lm.generate([5, 6], 4)
 
 
+@pytest.mark.parametrize("target", ["cpu", "opencl"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_half_precision_models_accumulate_in_float32(dtype):
+def test_half_precision_models_accumulate_in_float32(dtype, target):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 64),
                                 torch.nn.LayerNorm(64)).eval()
@@ -161,7 +173,7 @@ def test_half_precision_models_accumulate_in_float32(dtype):
         exact = copy.deepcopy(model).double()(x.to(dtype).double()).numpy()
         model = model.to(dtype)
         theirs = model(x.to(dtype)).double().numpy()
-    got = eclat.compile(model, (x.to(dtype),), autotune="none", quiet=True)(x.to(dtype))
+    got = eclat.compile(model, (x.to(dtype),), target=_on(target), autotune="none", quiet=True)(x.to(dtype))
     assert got.dtype == dtype
     ours = got.double().numpy()
     # within torch's own error against float64 (sums in float32, rounded where stored)

@@ -82,7 +82,8 @@ def encode_program(program: Program) -> dict[str, Any]:
                 "sides": [{"out": s.out, "body": enc(s.body)} for s in k.sides]} for k in program.kernels]
     return {
         "buffers": [{"name": b.name, "numel": int(b.numel), "dtype": b.dtype.name, "role": b.role,
-                     **({"format": b.format} if b.format else {})} for b in program.buffers.values()],
+                     **({"format": b.format} if b.format else {}),
+                     **({"along": list(b.along)} if b.along else {})} for b in program.buffers.values()],
         "kernels": kernels,
         "nodes": enc.nodes,
         "inputs": list(program.inputs), "outputs": list(program.outputs),
@@ -97,7 +98,8 @@ def decode_program(data: dict[str, Any], weights: dict[str, np.ndarray],
     decoder of a kernel's schedule (default: the CPU's Schedule)."""
     nodes = decode_nodes(data["nodes"])
     buffers = {b["name"]: Buffer(b["name"], b["numel"], DType[b["dtype"]], b["role"], weights.get(b["name"]),
-                                 b.get("format")) for b in data["buffers"]}
+                                 b.get("format"), tuple(b["along"]) if "along" in b else None)
+               for b in data["buffers"]}
     if len(buffers) != len(data["buffers"]):
         raise ValueError("two buffers share a name")
 

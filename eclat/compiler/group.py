@@ -290,12 +290,16 @@ class _Grouping:
             self.outputs.append(name)
 
     def _leaf_buffer(self, n: Node, name: str, role: str, data: np.ndarray | None = None,
-                     fmt: str | None = None) -> None:
+                     rounded: tuple[str, int] | None = None) -> None:
         if id(n) in self.buf_of:
             return
         while name in self.buffers:
             name += "_"
-        self.buffers[name] = Buffer(name, math.prod(n.shape), n.dtype, role, data, fmt)
+        fmt, along = None, None
+        if rounded is not None:
+            fmt, axis = rounded
+            along = (n.shape[axis], math.prod(n.shape[axis + 1:]))
+        self.buffers[name] = Buffer(name, math.prod(n.shape), n.dtype, role, data, fmt, along)
         self.buf_of[id(n)] = name
 
     def _kernel(self, n: Node, out: str, copy: bool = False) -> None:

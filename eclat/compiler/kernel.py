@@ -63,6 +63,9 @@ class Buffer:
     role: str
     data: np.ndarray | None = None  # weights only: the flat constant contents
     format: str | None = None  # weights only: the low-precision format the values are exact in
+    # a formatted weight's (K, inner): its values are rounded along an axis of K elements, inner
+    # apart, so flat element i is at k = (i // inner) % K (None: unknown, e.g. a backend's copy)
+    along: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

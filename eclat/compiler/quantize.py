@@ -4,10 +4,12 @@ the numbers.
     quantize(graph, mode, made) -> graph with its contraction weights rounded to the mode's format
 
 The graph keeps float32 weights whose values the format represents exactly (fake quantization), and
-names each one's format in `graph.formats`. So the reference interpreter, verification and every
-backend see one model, and a backend that packs a weight stores it in its format: the CPU packs
-bf16, int8 and int4 panels and dequantises them in its GEMM/GEMV micro-kernel (`storage` derives
-the packed form and refuses one that would not give back the same values).
+names each one's format and the axis it is rounded along in `graph.formats`. So the reference
+interpreter, verification and every backend see one model, and a backend that packs a weight stores
+it in its format: the CPU packs bf16, int8 and int4 panels and dequantises them in its GEMM/GEMV
+micro-kernel, the GPU targets store each weight packed and decode it where a kernel reads it
+(backends/gpu/packing.py). `storage` derives the packed form and refuses one that would not give
+back the same values.
 
 Formats (FORMATS), symmetric, scales in float32:
   bf16      rounded to bfloat16 (nearest, ties to even)
@@ -82,7 +84,7 @@ def quantize(graph: Graph, mode: str, made: dict[tuple, tuple[np.ndarray, np.nda
             matrix = [a for a in range(w.ndim) if w.shape[a] != 1]
             rounded = fake(w.reshape([w.shape[a] for a in matrix]), f, matrix.index(axis))
             made[key] = (w, rounded.reshape(w.shape))
-        weights[name], formats[name] = made[key][1], f.name
+        weights[name], formats[name] = made[key][1], (f.name, axis)
     return dataclasses.replace(graph, weights=weights, formats=formats)
 
 
@@ -100,10 +102,10 @@ def accuracy(exact: Graph, rounded: Graph, arrays: list[np.ndarray]) -> dict[str
     before, after = run(want, arrays), run(dataclasses.replace(want, weights=rounded.weights), arrays)
     errors = [_relative(a, b) for a, b in zip(after, before)]
     used = {n.arg: rounded.weights[n.arg] for n in exact.nodes() if n.op == "weight"}
-    stored = sum(FORMATS[rounded.formats[n]].stored_bytes(w.size) if n in rounded.formats else w.nbytes
-                 for n, w in used.items())
-    kinds = sorted(set(rounded.formats.values()))
-    counts = {f: sum(v == f for v in rounded.formats.values()) for f in kinds}
+    names = {n: f for n, (f, _) in rounded.formats.items()}
+    stored = sum(FORMATS[names[n]].stored_bytes(w.size) if n in names else w.nbytes for n, w in used.items())
+    kinds = sorted(set(names.values()))
+    counts = {f: sum(v == f for v in names.values()) for f in kinds}
     return {"weights": "+".join(kinds) or "none large enough", "formats": counts,
             "float32_bytes": int(sum(w.nbytes for w in used.values())), "stored_bytes": int(stored),
             "layers": dict(zip(layers, errors)), "outputs": errors[len(layers):]}

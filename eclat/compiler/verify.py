@@ -47,20 +47,25 @@ def verified_build(program: Program, target: Any, threads: int, arrays: list[np.
 
 
 def verify(outs: list[np.ndarray], reference: list[np.ndarray], dtypes: list[DType] | None = None) -> None:
-    """Raise unless each output is the reference's, within RTOL (HALF_RTOL, also of the largest
-    value, for outputs the program stores in a half type: the reference rounds after each op, a
-    kernel only where it stores, so they differ by a few units in the last place of the values
-    they passed through, which can be larger than the output)."""
+    """Raise unless each output agrees with the reference's (`agrees`)."""
     for j, (o, r) in enumerate(zip(outs, reference)):
-        rtol = HALF_RTOL.get(dtypes[j], RTOL) if dtypes else RTOL
         r = np.asarray(r)
         if o.shape != r.shape:
             raise EclatError(f"output {j}: shape {o.shape}, reference {r.shape}")
-        if r.dtype.kind in "biu":
-            ok = np.array_equal(o, r)
-        else:
-            scale = max(1.0, float(np.max(np.abs(r[np.isfinite(r)]), initial=0.0)))
-            ok = np.allclose(o, r, rtol=rtol, atol=(ATOL if rtol == RTOL else rtol) * scale, equal_nan=True)
-        if not ok:
+        if not agrees(o, r, dtypes[j] if dtypes else None):
             err = np.max(np.abs(o.astype(np.float64) - r.astype(np.float64)), initial=0.0)
             raise EclatError(f"output {j} differs from the reference (max abs error {err:.3g})")
+
+
+def agrees(o: np.ndarray, r: np.ndarray, dtype: DType | None = None, rtol: float = RTOL,
+           atol: float = ATOL) -> bool:
+    """o is r: equal for integers, else within rtol (and atol of the largest finite value); within
+    HALF_RTOL, also of the largest value, for a value the program stores in a half type (the
+    reference rounds after each op, a kernel only where it stores, so they differ by a few units in
+    the last place of the values they passed through, which can be larger than the output)."""
+    if r.dtype.kind in "biu":
+        return bool(np.array_equal(o, r))
+    if dtype in HALF_RTOL:
+        rtol = atol = HALF_RTOL[dtype]
+    scale = max(1.0, float(np.max(np.abs(r[np.isfinite(r)]), initial=0.0)))
+    return bool(np.allclose(o, r, rtol=rtol, atol=atol * scale, equal_nan=True))

@@ -253,8 +253,9 @@ class Graph:
     divisors: set[str] = field(default_factory=set)  # integer inputs that divide: zero raises, as in torch
     # the last len(states) inputs are these buffers; their updates follow the user's outputs
     states: list[State] = field(default_factory=list)
-    # weight name -> the low-precision format its float32 values are exact in (compiler.quantize)
-    formats: dict[str, str] = field(default_factory=dict)
+    # weight name -> (the low-precision format its float32 values are exact in, the axis they are
+    # rounded along) (compiler.quantize)
+    formats: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def nodes(self) -> list[Node]:
         """All nodes reachable from the outputs, sources before users."""

@@ -15,7 +15,7 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu import CUDA, Dialect, GpuSchedule, RenderedProgram, render_program
+from ..gpu import CUDA, Dialect, GpuSchedule, RenderedProgram, render_program, resident
 from .nvcc import compile_ptx
 
 _STATE: dict[str, Any] = {}
@@ -72,7 +72,7 @@ class CudaExecutable:
         self._arena = cuda.mem_alloc(max(self.plan.arena_bytes, 1))
         self._own: dict[str, Any] = {}
         ptr: dict[str, int] = {}
-        for name, b in p.buffers.items():
+        for name, b in resident(p).items():
             if b.role == "temp":
                 ptr[name] = int(self._arena) + self.plan.offsets.get(name, 0)
                 continue

@@ -14,6 +14,9 @@ Every difference between the dialects is data in a `Dialect` (dialects.py); the 
         a RM x RN register block; the epilogue runs on the accumulators. Ragged edges are
         clamped on load and masked on store.
 
+A weight rounded to a low-precision format (`weights=`) is stored packed (packing.py) and
+decoded where a kernel reads it; float16 is stored as half and computed in float registers.
+
 Loads of the flat strategy are vectorised (float4) when the schedule asks and the index is
 provably aligned and unit-stride in the last axis. A GPU target (target.py) builds every schedule
 of every kernel's space (`gpu_schedule_space`) in one program for the search to time, and the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from .dialects import CUDA, DIALECTS, METAL, OPENCL, Dialect
 from .emit import RenderedKernel, RenderedProgram, c_index, render_kernel, render_program
+from .packing import resident
 from .schedules import (
     MATVEC_ROWS,
     MAX_THREADS,
@@ -39,4 +43,4 @@ from .target import DeferredExecutable, GpuTarget, Variant, with_variants
 __all__ = ["CUDA", "DIALECTS", "MATVEC_ROWS", "MAX_THREADS", "METAL", "OPENCL", "ROW_MIN_REDUCE",
            "STRATEGIES", "DeferredExecutable", "Dialect", "GpuSchedule", "GpuTarget", "RenderedKernel",
            "RenderedProgram", "Variant", "c_index", "default_gpu_schedule", "gpu_schedule_space",
-           "render_kernel", "render_program", "row_axes", "with_variants"]
+           "render_kernel", "render_program", "resident", "row_axes", "with_variants"]

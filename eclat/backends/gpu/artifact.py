@@ -25,7 +25,8 @@ def save(target: GpuTarget, exe: Any) -> Section:
     if queue is not None:  # OpenCL: the device it was built and tuned on
         device.update(name=queue.device.name.strip(), platform=queue.device.platform.name.strip())
     native = {"device": device, "schedules": schedules, "launches": launches}
-    return Section(native, {target.source_member: exe.rendered.source.encode()}, set(exe.program.buffers))
+    reads = {a for k in exe.rendered.kernels for a in k.args}
+    return Section(native, {target.source_member: exe.rendered.source.encode()}, reads)
 
 
 def load(target: GpuTarget, program: Program, native: dict[str, Any], art: Any) -> Any:

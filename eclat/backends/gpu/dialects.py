@@ -71,6 +71,12 @@ class Dialect:
     long_suffix: str
     bits: tuple[str, str]  # float -> uint and uint -> float bit casts, each with {}
     shuffle_down: str | None  # {v} {off}: value from lane + off, None if the dialect has none
+    # float16 is stored as half and computed in float registers: element {i} of half array {p} as a
+    # float, the statement storing float {v} there (rounded to nearest even), and a float rounded to
+    # the nearest half, kept in a float ({})
+    half_load: str
+    half_store: str
+    round_half: str
     warp: int = 32
     ops: dict[OpKey, str] = field(default_factory=dict)  # this dialect's entries of C_OPS, where they differ
 
@@ -92,36 +98,60 @@ class Dialect:
         return template.format(*args, **self.math, type=self.types.get(dt, ""))
 
 
-_COMMON_TYPES = {DType.float32: "float", DType.bfloat16: "float", DType.int32: "int", DType.bool: "bool"}
+_COMMON_TYPES = {DType.float32: "float", DType.bfloat16: "float", DType.float16: "float", DType.int32: "int",
+                 DType.bool: "bool"}
+# storage-only types: a weight packed in a low-precision format (eclat.backends.gpu.packing)
+_PACKED_TYPES = {DType.int8: "char", DType.uint8: "uchar", DType.int16: "short"}
+
+# OpenCL C 1.2 has no half arithmetic without cl_khr_fp16, so a float is rounded to half by its bits:
+# an overflow to infinity, a subnormal half by scaling, else the mantissa rounded at bit 13
+_OPENCL_ROUND_HALF = """
+static float eclat_round_half(float x) {
+  const float a = fabs(x);
+  if (x != x) return x;  // NaN
+  if (a >= 65520.0f) return copysign(INFINITY, x);
+  if (a < 6.103515625e-05f) return rint(x * 16777216.0f) * 5.9604644775390625e-08f;
+  const uint u = as_uint(x);
+  return as_float((u + 0xFFFu + ((u >> 13) & 1u)) & 0xFFFFE000u);
+}
+"""
 
 CUDA = Dialect(
     name="cuda",
-    prelude="",
+    prelude="#include <cuda_fp16.h>\n",
     kernel='extern "C" __global__ void __launch_bounds__({threads})',
     global_="", shared="__shared__", restrict="__restrict__", barrier="__syncthreads();",
     group_id="(int)blockIdx.x", local_id="(int)threadIdx.x",
     param="{const}{type}* {restrict} {name}", thread_params=(),
     math={"exp2": "exp2f", "log2": "log2f", "sin": "sinf", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
           "fma": "fmaf", "fmod": "fmodf", "isnan": "isnan"},
-    types={**_COMMON_TYPES, DType.int64: "long long"}, mem_types={DType.bool: "unsigned char"},
+    types={**_COMMON_TYPES, DType.int64: "long long"},
+    mem_types={DType.bool: "unsigned char", DType.float16: "__half", DType.int8: "signed char",
+               DType.uint8: "unsigned char", DType.int16: "short"},
     inf="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fffffff)", long_suffix="LL",
     bits=("__float_as_uint({})", "__uint_as_float({})"),
     shuffle_down="__shfl_down_sync(0xffffffffu, {v}, {off})",
+    half_load="__half2float({p}[{i}])", half_store="{p}[{i}] = __float2half_rn({v});",
+    round_half="__half2float(__float2half_rn({}))",
 )
 
 OPENCL = Dialect(
     name="opencl",
-    prelude="",
+    prelude=_OPENCL_ROUND_HALF,
     kernel="__kernel __attribute__((reqd_work_group_size({threads}, 1, 1))) void",
     global_="__global", shared="__local", restrict="restrict", barrier="barrier(CLK_LOCAL_MEM_FENCE);",
     group_id="(int)get_group_id(0)", local_id="(int)get_local_id(0)",
     param="{space} {const}{type}* {restrict} {name}", thread_params=(),
     math={"exp2": "exp2", "log2": "log2", "sin": "sin", "sqrt": "sqrt", "rsqrt": "rsqrt",
           "fma": "fma", "fmod": "fmod", "isnan": "isnan"},
-    types={**_COMMON_TYPES, DType.int64: "long"}, mem_types={DType.bool: "uchar"},
+    types={**_COMMON_TYPES, DType.int64: "long"},
+    mem_types={DType.bool: "uchar", DType.float16: "half", **_PACKED_TYPES},
     inf="INFINITY", nan="NAN", long_suffix="L",
     bits=("as_uint({})", "as_float({})"),
     shuffle_down=None,  # sub-groups are an optional extension (PoCL's CPU device lacks them)
+    # vload_half/vstore_half are core OpenCL: they need no half arithmetic
+    half_load="vload_half({i}, {p})", half_store="vstore_half_rte({v}, {i}, {p});",
+    round_half="eclat_round_half({})",
 )
 
 METAL = Dialect(
@@ -136,10 +166,12 @@ METAL = Dialect(
                    "uint lid_ [[thread_position_in_threadgroup]]"),
     math={"exp2": "metal::exp2", "log2": "metal::log2", "sin": "metal::sin", "sqrt": "metal::sqrt",
           "rsqrt": "metal::rsqrt", "fma": "metal::fma", "fmod": "metal::fmod", "isnan": "metal::isnan"},
-    types={**_COMMON_TYPES, DType.int64: "long"}, mem_types={DType.bool: "uchar"},
+    types={**_COMMON_TYPES, DType.int64: "long"},
+    mem_types={DType.bool: "uchar", DType.float16: "half", **_PACKED_TYPES},
     inf="INFINITY", nan="NAN", long_suffix="L",
     bits=("as_type<uint>({})", "as_type<float>({})"),
     shuffle_down="simd_shuffle_down({v}, (ushort)({off}))",
+    half_load="(float){p}[{i}]", half_store="{p}[{i}] = (half)({v});", round_half="(float)(half)({})",
 )
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (CUDA, OPENCL, METAL)}

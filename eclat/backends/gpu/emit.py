@@ -31,6 +31,7 @@ from ...ir.dtypes import DType
 from ...ir.symbolic import BinOp, Expr, Num, bounds, render
 from ..scope import Scope
 from .dialects import DIALECTS, Dialect
+from .packing import PARTS, decode
 from .schedules import (
     GpuSchedule,
     default_gpu_schedule,
@@ -41,7 +42,8 @@ from .schedules import (
     vector_ok,
 )
 
-_SHUFFLED = (DType.float32, DType.bfloat16, DType.int32)  # 32-bit values: every dialect's shuffles take them
+# values in 32-bit registers: every dialect's shuffles take them
+_SHUFFLED = (DType.float32, DType.bfloat16, DType.float16, DType.int32)
 
 _COMBINE = {"sum": "add", "max_reduce": "max"}  # a reduce op -> the op combining two partials
 
@@ -95,9 +97,6 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Buffer], dialect: Dialect |
     if sched.vector > 1 and not vector_ok(kernel, sched.vector):
         sched = replace(sched, vector=1)
     for b in {x.buffer for x in loads(kernel.body)} | {kernel.out}:
-        if buffers[b].dtype is DType.float16:
-            raise EclatError(f"kernel {kernel.name}: float16 buffer {b} is not supported by the GPU "
-                             f"backends yet (use float32 or bfloat16)")
         if buffers[b].numel >= 2**31:
             raise EclatError(f"kernel {kernel.name}: buffer {b} has {buffers[b].numel} elements; "
                              f"GPU kernels index with 32-bit integers")
@@ -114,7 +113,11 @@ class _Emitter:
         self.fv: dict = {}
         self.cands = reduces(kernel.body)
         self.shared: dict[str, str] = {}  # array name -> declaration
-        self.args = sorted({x.buffer for x in loads(kernel.body)} | {kernel.out})
+        # a weight with a packed copy (eclat.backends.gpu.packing) is read from the copy
+        self.packed = {x.buffer for x in loads(kernel.body) if x.buffer + PARTS[0] in buffers}
+        reads = {x.buffer for x in loads(kernel.body)} - self.packed
+        reads |= {b + part for b in self.packed for part in PARTS if b + part in buffers}
+        self.args = sorted(reads | {kernel.out})
         self.cname: dict[str, str] = {}  # buffer -> a C identifier (buffer names may hold dots)
         for name in self.args:
             c = "b_" + re.sub(r"\W", "_", name)
@@ -197,7 +200,7 @@ class _Emitter:
         return self.d.types[dt]
 
     def mem_type(self, dt: DType) -> str:
-        return self.d.mem_types.get(dt, self.d.types[dt])
+        return self.d.mem_types[dt] if dt in self.d.mem_types else self.d.types[dt]
 
     def literal(self, value, dt: DType) -> str:
         if dt is DType.bool:
@@ -249,8 +252,16 @@ class _Emitter:
         return self.scope.remember(e, out)
 
     def read(self, buf: str, index: str, dt: DType) -> str:
-        buf = self.cname[buf]
-        return f"({buf}[{index}] != 0)" if dt is DType.bool else f"{buf}[{index}]"
+        if buf in self.packed:
+            b = self.buffers[buf]
+            i = self.fresh("p")
+            self.line(f"const int {i} = {index};")
+            q, s = (self.cname.get(buf + part, "") for part in PARTS)
+            return decode(b.format, b.along, q, s, i, self.d.bits[1])
+        c = self.cname[buf]
+        if self.buffers[buf].dtype is DType.float16:
+            return self.d.half_load.format(p=c, i=index)
+        return f"({c}[{index}] != 0)" if dt is DType.bool else f"{c}[{index}]"
 
     def load(self, e: Load) -> str:
         if self.buffers[e.buffer].numel == 0 or e.valid == Num(0):
@@ -288,6 +299,8 @@ class _Emitter:
     def cast(self, x: str, src: DType, dst: DType) -> str:
         if dst is DType.bool:
             return f"({x} != 0)"
+        if dst is DType.float16:
+            return self.d.round_half.format(f"(float)({x})")
         if dst is DType.bfloat16:  # round to nearest even on the upper 16 bits, kept in a float
             to_u, to_f = self.d.bits
             u = self.fresh("u")
@@ -355,7 +368,11 @@ class _Emitter:
         k = self.k
         dt = k.body.dtype
         v = f"({value} ? 1 : 0)" if dt is DType.bool else value
-        self.line(f"{self.cname[k.out]}[{self.sym(ravel(axis_vars(k.shape), k.shape))}] = {v};")
+        out, index = self.cname[k.out], self.sym(ravel(axis_vars(k.shape), k.shape))
+        if self.buffers[k.out].dtype is DType.float16:
+            self.line(self.d.half_store.format(p=out, i=index, v=v))
+        else:
+            self.line(f"{out}[{index}] = {v};")
 
     def ids(self) -> None:
         self.line(f"const int gid = {self.d.group_id};")
@@ -385,6 +402,8 @@ class _Emitter:
         self.line(f"const int {base} = {last};")
         space = f"{self.d.global_} " if self.d.global_ else ""
         for x in vector_loads(k, w):
+            if x.buffer in self.packed:
+                continue
             name = self.fresh("vec")
             self.line(f"const float{w} {name} = *({space}const float{w}*)"
                       f"({self.cname[x.buffer]} + {self.sym(x.index)});")

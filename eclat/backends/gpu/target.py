@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 
 from ...compiler.kernel import Buffer, Kernel, Program
+from ...compiler.verify import agrees
 from ...errors import EclatError
 from ..target import Section, Target, Timer
 from .dialects import Dialect
 from .emit import render_program
+from .packing import pack_weights, packed_reads
 from .schedules import GpuSchedule, default_gpu_schedule, gpu_schedule_space
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # a schedule computes what the default one does, to this
@@ -63,13 +65,16 @@ class GpuTarget(Target):
         return _Variants(self, program, inputs)
 
     def render(self, program: Program, threads: int = 1) -> str:
-        return render_program(program, self.dialect, schedules_of(program)).source
+        return render_program(pack_weights(program), self.dialect, schedules_of(program)).source
 
     def compile(self, program: Program, threads: int = 1) -> Any:
-        return _load(self.runtime)(program, schedules_of(program), self.dialect)
+        return _load(self.runtime)(pack_weights(program), schedules_of(program), self.dialect)
 
     def deferred(self, program: Program, reason: str) -> Any:
-        return DeferredExecutable(program, self.dialect.name, reason, schedules_of(program))
+        return DeferredExecutable(pack_weights(program), self.dialect.name, reason, schedules_of(program))
+
+    def optional_weights(self, program: Program) -> set[str]:
+        return packed_reads(program)
 
     def save(self, exe: Any) -> Section:
         from .artifact import save
@@ -124,12 +129,13 @@ class _Variants:
         outs = dict(zip(variants.outputs, self.exe.run(inputs)))
         self.copies = {(v.kernel, v.schedule): (v.name, outs[v.out]) for v in copies}
         self.defaults = {v.kernel: outs[v.out] for v in reversed(copies)}  # each kernel's first: its default
+        self.dtypes = {k.name: program.buffers[k.out].dtype for k in program.kernels}
 
     def __call__(self, kernel: Kernel, schedule: GpuSchedule) -> Timer:
         if (kernel.name, schedule) not in self.copies:
             raise EclatError(f"schedule {schedule} is not in the space of kernel {kernel.name}")
         name, out = self.copies[(kernel.name, schedule)]
-        if not np.allclose(out, self.defaults[kernel.name], equal_nan=True, **TOLERANCE):
+        if not agrees(out, self.defaults[kernel.name], self.dtypes[kernel.name], **TOLERANCE):
             raise EclatError(f"schedule {schedule} of kernel {kernel.name} computes another result")
         return lambda: self.exe.time_kernel(name) * 1e6
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...compiler.kernel import Program
 from ...errors import EclatError
-from ..gpu import METAL, Dialect, GpuSchedule, RenderedProgram, render_program
+from ..gpu import METAL, Dialect, GpuSchedule, RenderedProgram, render_program, resident
 
 SHIM = Path(__file__).parent / "shim"
 _CXX_FLAGS = ["-std=c++17", "-fsyntax-only", "-Wall", "-Werror", "-Wno-attributes",
@@ -63,7 +63,7 @@ class MetalExecutable:
             raise EclatError(f"Metal compile failed: {err}")
         shared = Metal.MTLResourceStorageModeShared
         self.buffers: dict[str, Any] = {}
-        for name, b in program.buffers.items():
+        for name, b in resident(program).items():
             if b.role == "weight" and b.nbytes:
                 data = np.ascontiguousarray(b.data, dtype=b.dtype.np).tobytes()
                 self.buffers[name] = self.device.newBufferWithBytes_length_options_(data, len(data), shared)

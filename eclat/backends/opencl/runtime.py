@@ -19,7 +19,7 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu import OPENCL, Dialect, GpuSchedule, RenderedProgram, render_program
+from ..gpu import OPENCL, Dialect, GpuSchedule, RenderedProgram, render_program, resident
 
 _BUILT: dict[tuple[int, str], Any] = {}
 
@@ -80,7 +80,7 @@ class OpenCLExecutable:
         self.arena = cl.Buffer(self.ctx, mf.READ_WRITE, max(self.plan.arena_bytes, 4))
         align = max(1, self.ctx.devices[0].mem_base_addr_align // 8)
         self.buffers: dict[str, Any] = {}
-        for name, b in program.buffers.items():
+        for name, b in resident(program).items():
             offset = self.plan.offsets.get(name)
             if b.role == "weight" and b.nbytes:
                 host = np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1)
