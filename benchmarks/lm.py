@@ -2,7 +2,7 @@
 
     python benchmarks/lm.py [--models gpt2,llama] [--threads 1] [--prompts 128,512] [--new 128]
                             [--autotune fast] [--torch-compile] [--weights fp32,int8] [--torch-int8]
-                            [--out table.md]
+                            [--onnxruntime] [--out table.md]
 
 Models are random-weight configs (no download): GPT-2 small's shape (12 layers, d=768, 124M
 parameters) and a Llama of about 300M parameters. For each: eclat's compile time; time to first
@@ -15,7 +15,10 @@ cache eclat's static cache reads) over the triad bandwidth eclat's device probe 
 --weights compiles eclat once per mode (`weights=`: fp32, bf16, int8, int4, int4-128), each with its
 agreement with the model (mean KL divergence of the next-token distributions, top-1 agreement;
 eclat.generate.agreement); --torch-int8 adds transformers eager with torch's dynamic int8
-quantization of its nn.Linear layers (GPT-2's Conv1D layers are not nn.Linear: it leaves them).
+quantization of its nn.Linear layers (GPT-2's Conv1D layers are not nn.Linear: it leaves them);
+--onnxruntime adds onnxruntime running the model exported to ONNX with its KV cache as inputs and
+outputs, in float32 and after its dynamic int8 quantization (benchmarks/ort_decoder.py), the
+compile column then being the export's seconds.
 """
 
 from __future__ import annotations
@@ -105,6 +108,39 @@ def torch_agreement(qmodel, model, max_len: int, positions: int = 64) -> str:
     return f"{a['mean_kl']:.2g}, {a['top1']:.2f}"
 
 
+def ort_row(model, threads: int, int8: bool, token_prompts: dict[int, list[int]], new: int, runs: int,
+            roof: float, max_len: int) -> tuple:
+    """onnxruntime's row (benchmarks/ort_decoder.py): export (and quantization) seconds, first token
+    per prompt, decode tokens/s after the longest prompt (best of two), its roofline, agreement."""
+    from ort_decoder import OrtDecoder
+
+    from eclat.generate import next_token_agreement
+
+    t = time.perf_counter()
+    dec = OrtDecoder(model, threads, int8)
+    took = f"{time.perf_counter() - t:.0f}"
+
+    def prefill(tokens: list[int]) -> np.ndarray:
+        dec.start()
+        return dec.feed(tokens)
+
+    firsts = [median_s(lambda t=tokens: prefill(t), runs) for tokens in token_prompts.values()]
+    rates = []
+    for _ in range(2):
+        token = int(prefill(token_prompts[max(token_prompts)]).argmax())
+        t = time.perf_counter()
+        for _ in range(new):
+            token = int(dec.feed([token]).argmax())
+        rates.append(new / (time.perf_counter() - t))
+
+    def logits_of(tokens: list[int]) -> np.ndarray:
+        dec.start()
+        return np.stack([dec.feed([tok]) for tok in tokens])
+
+    a = next_token_agreement(model, min(64, max_len), logits_of)
+    return took, firsts, max(rates), roof, f"{a['mean_kl']:.2g}, {a['top1']:.2f}"
+
+
 def compile_times(name: str, max_len: int, chunk: int, autotune: str, threads: int) -> str:
     """The first compile of a model into an empty cache folder and the second from it, with what the
     first spent on the e-graph and how many candidates it timed, per program."""
@@ -135,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--torch-compile", action="store_true")
     ap.add_argument("--weights", default="fp32", help="eclat's weight formats, comma-separated (fp32 first)")
     ap.add_argument("--torch-int8", action="store_true")
+    ap.add_argument("--onnxruntime", action="store_true",
+                    help="add onnxruntime float32 and dynamic int8 rows (benchmarks/ort_decoder.py)")
     ap.add_argument("--out")
     ap.add_argument("--compile-only", action="store_true",
                     help="compile each model twice into an empty cache folder and report only the compiles")
@@ -201,6 +239,10 @@ def main(argv: list[str] | None = None) -> None:
                                                                 dtype=torch.qint8)
                 rows["transformers eager, torch dynamic int8"] = peer_row(
                     qmodel, *common, torch_agreement(qmodel, model, max_len))
+            if args.onnxruntime:
+                for int8 in (False, True):
+                    rows[f"onnxruntime {'dynamic int8' if int8 else 'fp32'}"] = ort_row(
+                        model, args.threads, int8, *common, max_len)
             if args.torch_compile:
                 compiled = make(name)
                 compiled.forward = torch.compile(compiled.forward)

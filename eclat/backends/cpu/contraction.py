@@ -30,6 +30,7 @@ from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
 from ...ir.symbolic import Expr, Num, Var, evaluate
 from ...ir.view import contiguous_strides
+from . import host
 from .emitter import KernelEmitter
 from .scalar import F32, I8, I16, I32, PTR, i64, intrinsic, store_through, vector_ptr
 
@@ -38,6 +39,7 @@ SCALES = "s"  # name suffix of a packed weight's scales (quantize.storage)
 RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
 PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
 CACHE_LINE = 64  # bytes a prefetch brings in
+ACCUMULATOR_CHAINS = 8  # fmas in flight that hide an fma's latency (2 ports x 4 cycles)
 
 
 def contraction_of(kernel: Kernel) -> Contraction | None:
@@ -155,6 +157,11 @@ class ContractionEmitter(KernelEmitter):
         # each K x NR panel into a dense float32 scratch once, and let every row block read it
         self.scratch = None
         copied = self.pack_name is None or self.pack_format is not None
+        # one row's accumulators each wait on the last fma into them: independent sets of them
+        # interleaved over k keep ACCUMULATOR_CHAINS fmas in flight (hides the fma's latency)
+        sets = 1
+        if mr == 1:
+            sets = max(1, min(ACCUMULATOR_CHAINS // nv, (host.vector_registers() - 1) // nv - 1))
         if copied and blocks > 1 and 0 < kk * nr * 4 <= RUNTIME_PACK_BYTES:
             self.scratch = self.b.alloca(F32, size=kk * nr)
 
@@ -169,11 +176,14 @@ class ContractionEmitter(KernelEmitter):
                 return bb.shuffle_vector(bb.insert_element(undef, x, i64(0)), undef,
                                          ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
-            def kstep(kv: ir.Value, accs: list[ir.Value], steps=None) -> list[ir.Value]:
-                """accs += a x b over the steps of k (accs then the rows' sums of a, with `steps`)."""
+            def kstep(kv: ir.Value, accs: list[ir.Value], steps=None, sums: bool = False) -> list[ir.Value]:
+                """accs += a x b over the steps of k (its own, or `steps`), and the rows' sums of a
+                after them with `sums`. accs may hold several sets: each step adds into the next."""
                 out = list(accs)
-                for k_at, bvecs in steps or self._b_steps(c, p, n0, kv, nr, full, b_unit, vt):
+                block = mr * nv + (mr if sums else 0)
+                for t, (k_at, bvecs) in enumerate(steps or self._b_steps(c, p, n0, kv, nr, full, b_unit, vt)):
                     self.scope.bind(c.reduce.var.name, k_at)
+                    base = t * block % len(out)
                     for r in range(mr):
                         with self.scope.nested():
                             if c.m_axis is not None:
@@ -181,12 +191,19 @@ class ContractionEmitter(KernelEmitter):
                                 row = bb.select(bb.icmp_signed(">", row, last), last, row)
                                 self.scope.bind(f"i{c.m_axis}", row)
                             av = self.emit(c.a)
-                        if steps:
-                            out[mr * nv + r] = bb.fadd(out[mr * nv + r], av)
+                        if sums:
+                            out[base + mr * nv + r] = bb.fadd(out[base + mr * nv + r], av)
                         row_a = splat(av)
                         for v in range(nv):
-                            j = r * nv + v
+                            j = base + r * nv + v
                             out[j] = bb.call(fma, [row_a, bvecs[v], out[j]])
+                return out
+
+            def merged(accs: list[ir.Value], block: int) -> list[ir.Value]:
+                """The sets of accs (blocks of `block`) summed into one."""
+                out = accs[:block]
+                for at in range(block, len(accs), block):
+                    out = [bb.fadd(x, y) for x, y in zip(out, accs[at:at + block])]
                 return out
 
             def group(g: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
@@ -195,7 +212,7 @@ class ContractionEmitter(KernelEmitter):
                 pairs = self.group // 2
                 def pair(kv: ir.Value, part: list[ir.Value]) -> list[ir.Value]:
                     at = bb.add(bb.mul(g, i64(pairs)), kv)
-                    return kstep(kv, part, self._nibble_pair(p, at, nr, vt, scaled=False))
+                    return kstep(kv, part, self._nibble_pair(p, at, nr, vt, scaled=False), sums=True)
                 sums = self.loop(i64(0), i64(pairs), zeros + [ir.Constant(F32, 0.0)] * mr, pair)
                 row = bb.mul(bb.add(bb.mul(p, i64(kk // self.group)), g), i64(nr))
                 scales = [self._vector(self.pack_name + SCALES, bb.add(row, i64(v * lanes)), F32, vt)
@@ -204,13 +221,23 @@ class ContractionEmitter(KernelEmitter):
                 return [bb.call(fma, [bb.fadd(sums[j], shift[j // nv]), scales[j % nv], acc])
                         for j, acc in enumerate(accs)]
 
+            def unrolled(kv: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+                """`sets` steps of k, each into its own set of accumulators."""
+                firsts = (bb.add(bb.mul(kv, i64(sets)), i64(t)) for t in range(sets))
+                return kstep(kv, accs, [step for k_at in firsts
+                                        for step in self._b_steps(c, p, n0, k_at, nr, full, b_unit, vt)])
+
             zeros = [ir.Constant(vt, [0.0] * lanes)] * (mr * nv)
             nibbles = self._nibbles() and self.scratch is None
             if nibbles and mr == 1:  # the scales apply per group, not per step
                 accs = self.loop(i64(0), i64(kk // self.group), zeros, group)
+            elif nibbles:  # one byte holds two steps of k
+                accs = self.loop(i64(0), i64(kk // 2), zeros, kstep)
             else:
-                per_step = 2 if nibbles else 1  # int4: one byte holds two steps of k
-                accs = self.loop(i64(0), i64(kk // per_step), zeros, kstep) if kk else zeros
+                accs = zeros if not kk else merged(self.loop(i64(0), i64(kk // sets), zeros * sets, unrolled),
+                                                   len(zeros))
+                if kk % sets:
+                    accs = self.loop(i64(kk - kk % sets), i64(kk), accs, kstep)
             if self.pack_format == "int8":  # one scale per column: applied once, after the sum
                 scales = [self._vector(self.pack_name + SCALES, bb.add(n0, i64(v * lanes)), F32, vt)
                           for v in range(nv)]
