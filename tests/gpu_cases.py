@@ -13,7 +13,7 @@ from eclat.backends.gpu.packing import pack_weights
 from eclat.compiler.group import group
 from eclat.compiler.kernel import Program
 from eclat.ir import graph as g
-from eclat.ir.dtypes import DType
+from eclat.ir.dtypes import DType, round_bfloat16
 from eclat.ir.graph import Graph, Node
 from eclat.ir.interpreter import run
 
@@ -134,16 +134,18 @@ def integers() -> tuple[Graph, list[np.ndarray]]:
 
 def halves() -> tuple[Graph, list[np.ndarray]]:
     """float16 in and out: computed in float registers, stored as half; the cast rounds to nearest
-    even through subnormals, the largest half, overflow, infinities and NaN."""
+    even through subnormals, the largest half, overflow, infinities and NaN. bfloat16 in and out,
+    stored as its 16 bits."""
     x, y = g.input_("x", (6, 300), DType.float16), g.input_("y", (300, 7), DType.float16)
-    f = g.input_("f", (16,))
+    f, z = g.input_("f", (16,)), g.input_("z", (6, 300), DType.bfloat16)
     special = np.array([0.0, -0.0, 3e-8, 2.9802322e-08, 6.1e-05, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 65504.0,
                         65519.0, 65520.0, 7e4, -7e4, np.inf, -np.inf, np.nan, 1e-3], np.float32)
     half = g.expand_to(g.const(0.5, DType.float16), x.shape)
     outs = [g.binary("add", x, half), g.reduce("max_reduce", x, 1), g.reduce("sum", x, 1), matmul(x, y),
-            g.cast(f, DType.float16), g.cast(x, DType.float32)]
-    return Graph([x, y, f], outs, {}), [_rand(6, 300).astype(np.float16), _rand(300, 7).astype(np.float16),
-                                        special]
+            g.cast(f, DType.float16), g.cast(x, DType.float32),
+            g.binary("add", z, z), g.reduce("max_reduce", z, 1), g.cast(f, DType.bfloat16)]
+    return Graph([x, y, f, z], outs, {}), [_rand(6, 300).astype(np.float16), _rand(300, 7).astype(np.float16),
+                                           special, round_bfloat16(_rand(6, 300))]
 
 
 def packed() -> tuple[Graph, list[np.ndarray]]:

@@ -15,7 +15,17 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu import CUDA, Dialect, GpuSchedule, RenderedProgram, render_program, resident
+from ..gpu import (
+    CUDA,
+    Dialect,
+    GpuSchedule,
+    RenderedProgram,
+    device_dtype,
+    from_device,
+    render_program,
+    resident,
+    to_device,
+)
 from .nvcc import compile_ptx
 
 _STATE: dict[str, Any] = {}
@@ -79,7 +89,7 @@ class CudaExecutable:
             self._own[name] = cuda.mem_alloc(max(b.nbytes, 4))
             ptr[name] = int(self._own[name])
             if b.role == "weight" and b.nbytes:
-                cuda.memcpy_htod(self._own[name], np.ascontiguousarray(b.data, dtype=b.dtype.np))
+                cuda.memcpy_htod(self._own[name], to_device(b.dtype, b.data))
         self._ptr = ptr
         self._launches: dict[str, tuple] = {}
         for rk in self.rendered.kernels:
@@ -103,16 +113,17 @@ class CudaExecutable:
             self._setup()
         cuda, p = self._cuda, self.program
         for name, a in zip(p.inputs, inputs):
-            host = np.ascontiguousarray(a, dtype=p.buffers[name].dtype.np)
+            host = to_device(p.buffers[name].dtype, a)
             if host.size:
                 cuda.memcpy_htod(self._ptr[name], host)
         self.launch()
         outs = []
         for name, shape in zip(p.outputs, p.output_shapes):
-            out = np.empty(p.buffers[name].numel, dtype=p.buffers[name].dtype.np)
+            dt = p.buffers[name].dtype
+            out = np.empty(p.buffers[name].numel, dtype=device_dtype(dt))
             if out.size:
                 cuda.memcpy_dtoh(out, self._ptr[name])
-            outs.append(out.reshape(shape))
+            outs.append(from_device(dt, out).reshape(shape))
         return outs
 
     def time_kernels(self, repeats: int = 50) -> float:

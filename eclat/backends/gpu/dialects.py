@@ -100,8 +100,9 @@ class Dialect:
 
 _COMMON_TYPES = {DType.float32: "float", DType.bfloat16: "float", DType.float16: "float", DType.int32: "int",
                  DType.bool: "bool"}
-# storage-only types: a weight packed in a low-precision format (eclat.backends.gpu.packing)
-_PACKED_TYPES = {DType.int8: "char", DType.uint8: "uchar", DType.int16: "short"}
+# storage types of packed values (eclat.backends.gpu.packing): a weight in a low-precision format,
+# a bfloat16 buffer's 16 bits
+_PACKED_TYPES = {DType.int8: "char", DType.uint8: "uchar", DType.int16: "short", DType.bfloat16: "ushort"}
 
 # OpenCL C 1.2 has no half arithmetic without cl_khr_fp16, so a float is rounded to half by its bits:
 # an overflow to infinity, a subnormal half by scaling, else the mantissa rounded at bit 13
@@ -126,8 +127,8 @@ CUDA = Dialect(
     math={"exp2": "exp2f", "log2": "log2f", "sin": "sinf", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
           "fma": "fmaf", "fmod": "fmodf", "isnan": "isnan"},
     types={**_COMMON_TYPES, DType.int64: "long long"},
-    mem_types={DType.bool: "unsigned char", DType.float16: "__half", DType.int8: "signed char",
-               DType.uint8: "unsigned char", DType.int16: "short"},
+    mem_types={DType.bool: "unsigned char", DType.float16: "__half", DType.bfloat16: "unsigned short",
+               DType.int8: "signed char", DType.uint8: "unsigned char", DType.int16: "short"},
     inf="__int_as_float(0x7f800000)", nan="__int_as_float(0x7fffffff)", long_suffix="LL",
     bits=("__float_as_uint({})", "__uint_as_float({})"),
     shuffle_down="__shfl_down_sync(0xffffffffu, {v}, {off})",

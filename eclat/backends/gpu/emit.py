@@ -261,6 +261,8 @@ class _Emitter:
         c = self.cname[buf]
         if self.buffers[buf].dtype is DType.float16:
             return self.d.half_load.format(p=c, i=index)
+        if self.buffers[buf].dtype is DType.bfloat16:  # its 16 bits are a float's high half
+            return self.d.bits[1].format(f"((unsigned int){c}[{index}] << 16)")
         return f"({c}[{index}] != 0)" if dt is DType.bool else f"{c}[{index}]"
 
     def load(self, e: Load) -> str:
@@ -301,12 +303,15 @@ class _Emitter:
             return f"({x} != 0)"
         if dst is DType.float16:
             return self.d.round_half.format(f"(float)({x})")
-        if dst is DType.bfloat16:  # round to nearest even on the upper 16 bits, kept in a float
-            to_u, to_f = self.d.bits
-            u = self.fresh("u")
-            self.line(f"const unsigned int {u} = {to_u.format(f'(float)({x})')};")
-            return to_f.format(f"(({u} + 0x7FFFu + (({u} >> 16) & 1u)) & 0xFFFF0000u)")
+        if dst is DType.bfloat16:  # rounded, kept in a float
+            return self.d.bits[1].format(self.bfloat16_bits(x))
         return f"(({self.reg_type(dst)})({x}))"
+
+    def bfloat16_bits(self, x: str) -> str:
+        """The float x rounded to bfloat16 (nearest, ties to even), as a float's bits."""
+        u = self.fresh("u")
+        self.line(f"const unsigned int {u} = {self.d.bits[0].format(f'(float)({x})')};")
+        return f"(({u} + 0x7FFFu + (({u} >> 16) & 1u)) & 0xFFFF0000u)"
 
     # --- reductions --------------------------------------------------------------------------------
     def serial_reduce(self, r: Reduce) -> str:
@@ -369,8 +374,10 @@ class _Emitter:
         dt = k.body.dtype
         v = f"({value} ? 1 : 0)" if dt is DType.bool else value
         out, index = self.cname[k.out], self.sym(ravel(axis_vars(k.shape), k.shape))
-        if self.buffers[k.out].dtype is DType.float16:
+        if dt is DType.float16:
             self.line(self.d.half_store.format(p=out, i=index, v=v))
+        elif dt is DType.bfloat16:
+            self.line(f"{out}[{index}] = (unsigned short)({self.bfloat16_bits(v)} >> 16);")
         else:
             self.line(f"{out}[{index}] = {v};")
 

@@ -1,4 +1,5 @@
-"""Weights rounded to a low-precision format (compiler.quantize), stored packed on a GPU.
+"""Values stored in fewer bits on a GPU: weights rounded to a low-precision format
+(compiler.quantize), and bfloat16 buffers.
 
     pack_weights(program) -> program with a packed copy of each formatted weight
 
@@ -8,7 +9,10 @@ storage (quantize.storage, over the weight seen as [outer, K, inner]): `name:q` 
 `name:s` the float32 scales (int8: [outer, inner]; int4: [outer, K / group, inner]). Kernels still
 load the weight by element; the renderer reads the copy instead (`decode`), so every strategy and
 every gather reads the packed bytes, and the float32 weight itself is never uploaded. A weight
-that its format does not hold exactly keeps float32."""
+that its format does not hold exactly keeps float32.
+
+A bfloat16 buffer (held widened in float32 on the host: numpy has no bfloat16) is stored as its 16
+bits on the device: `device_dtype`, `to_device` and `from_device` convert at the runtimes' copies."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import numpy as np
 
 from ...compiler.kernel import Buffer, Program
 from ...compiler.quantize import FORMATS, storage
-from ...ir.dtypes import from_numpy
+from ...ir.dtypes import DType, from_numpy, round_bfloat16
 
 PARTS = (":q", ":s")  # the packed values and their scales, named after the weight
 
@@ -49,6 +53,24 @@ def resident(program: Program) -> dict[str, Buffer]:
     return {n: b for n, b in program.buffers.items() if n not in skip}
 
 
+def device_dtype(dt: DType) -> np.dtype:
+    """The numpy type of dt's elements on a GPU."""
+    return np.dtype(np.uint16) if dt is DType.bfloat16 else dt.np
+
+
+def to_device(dt: DType, values: np.ndarray) -> np.ndarray:
+    """values of type dt (bfloat16 widened) as the flat array a GPU buffer of dt holds."""
+    flat = np.ascontiguousarray(values, dtype=dt.np).reshape(-1)
+    if dt is not DType.bfloat16:
+        return flat
+    return (round_bfloat16(flat).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def from_device(dt: DType, raw: np.ndarray) -> np.ndarray:
+    """A GPU buffer of dt read back (raw, in device_dtype) as the host holds dt."""
+    return (raw.astype(np.uint32) << 16).view(np.float32) if dt is DType.bfloat16 else raw
+
+
 def decode(fmt: str, along: tuple[int, int], q: str, s: str, i: str, bits_to_float: str) -> str:
     """The C expression of element i (an int variable) of a weight packed in fmt, read from the
     arrays q and s; bits_to_float: the dialect's uint -> float bit cast, with {}."""
@@ -67,4 +89,5 @@ def decode(fmt: str, along: tuple[int, int], q: str, s: str, i: str, bits_to_flo
     return f"((float)((({byte} >> (({kk} & 1) * 4)) & 15) - 8) * {scale})"
 
 
-__all__ = ["PARTS", "decode", "pack_weights", "packed_reads", "resident"]
+__all__ = ["PARTS", "decode", "device_dtype", "from_device", "pack_weights", "packed_reads", "resident",
+           "to_device"]

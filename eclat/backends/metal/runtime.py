@@ -16,7 +16,17 @@ import numpy as np
 
 from ...compiler.kernel import Program
 from ...errors import EclatError
-from ..gpu import METAL, Dialect, GpuSchedule, RenderedProgram, render_program, resident
+from ..gpu import (
+    METAL,
+    Dialect,
+    GpuSchedule,
+    RenderedProgram,
+    device_dtype,
+    from_device,
+    render_program,
+    resident,
+    to_device,
+)
 
 SHIM = Path(__file__).parent / "shim"
 _CXX_FLAGS = ["-std=c++17", "-fsyntax-only", "-Wall", "-Werror", "-Wno-attributes",
@@ -65,7 +75,7 @@ class MetalExecutable:
         self.buffers: dict[str, Any] = {}
         for name, b in resident(program).items():
             if b.role == "weight" and b.nbytes:
-                data = np.ascontiguousarray(b.data, dtype=b.dtype.np).tobytes()
+                data = to_device(b.dtype, b.data).tobytes()
                 self.buffers[name] = self.device.newBufferWithBytes_length_options_(data, len(data), shared)
             else:
                 self.buffers[name] = self.device.newBufferWithLength_options_(max(b.nbytes, 4), shared)
@@ -84,7 +94,7 @@ class MetalExecutable:
     def _view(self, name: str) -> np.ndarray:
         b = self.program.buffers[name]
         raw = self.buffers[name].contents().as_buffer(max(b.nbytes, 4))
-        return np.frombuffer(raw, dtype=b.dtype.np, count=b.numel)
+        return np.frombuffer(raw, dtype=device_dtype(b.dtype), count=b.numel)
 
     def _dispatch(self, pipelines: list) -> None:
         Metal = self._metal
@@ -113,6 +123,7 @@ class MetalExecutable:
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         p = self.program
         for name, a in zip(p.inputs, inputs):
-            self._view(name)[:] = np.ascontiguousarray(a, dtype=p.buffers[name].dtype.np).reshape(-1)
+            self._view(name)[:] = to_device(p.buffers[name].dtype, a)
         self._dispatch(self.pipelines)
-        return [self._view(name).copy().reshape(shape) for name, shape in zip(p.outputs, p.output_shapes)]
+        return [from_device(p.buffers[name].dtype, self._view(name).copy()).reshape(shape)
+                for name, shape in zip(p.outputs, p.output_shapes)]

@@ -19,7 +19,17 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu import OPENCL, Dialect, GpuSchedule, RenderedProgram, render_program, resident
+from ..gpu import (
+    OPENCL,
+    Dialect,
+    GpuSchedule,
+    RenderedProgram,
+    device_dtype,
+    from_device,
+    render_program,
+    resident,
+    to_device,
+)
 
 _BUILT: dict[tuple[int, str], Any] = {}
 
@@ -83,7 +93,7 @@ class OpenCLExecutable:
         for name, b in resident(program).items():
             offset = self.plan.offsets.get(name)
             if b.role == "weight" and b.nbytes:
-                host = np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1)
+                host = to_device(b.dtype, b.data)
                 self.buffers[name] = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=host)
             elif b.role == "temp" and offset is not None and offset % align == 0 and b.nbytes:
                 self.buffers[name] = self.arena.get_sub_region(offset, b.nbytes)
@@ -103,21 +113,22 @@ class OpenCLExecutable:
         keep = []
         for name, a in zip(p.inputs, inputs):
             b = p.buffers[name]
-            host = np.ascontiguousarray(a, dtype=b.dtype.np).reshape(-1)
+            host = to_device(b.dtype, a)
             if host.size:
                 keep.append(host)
                 cl.enqueue_copy(q, self.buffers[name], host, is_blocking=False)
         for kern, global_size, local in self.launches.values():
             cl.enqueue_nd_range_kernel(q, kern, (global_size,), (local,))
         outs = []
-        for name, shape in zip(p.outputs, p.output_shapes):
+        for name in p.outputs:
             b = p.buffers[name]
-            out = np.empty(b.numel, dtype=b.dtype.np)
+            out = np.empty(b.numel, dtype=device_dtype(b.dtype))
             if out.size:
                 cl.enqueue_copy(q, out, self.buffers[name], is_blocking=False)
-            outs.append(out.reshape(shape))
+            outs.append(out)
         q.finish()
-        return outs
+        return [from_device(p.buffers[name].dtype, out).reshape(shape)
+                for name, out, shape in zip(p.outputs, outs, p.output_shapes)]
 
     def time_kernel(self, name: str, repeats: int = 10) -> float:
         """Median seconds of one launch of kernel `name` on the buffers as they are."""
