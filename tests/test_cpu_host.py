@@ -85,7 +85,7 @@ def kernels():
     out = {}
     for rows in (64, 1):
         program = _program(Linear().eval(), (torch.randn(rows, 40),))
-        out[rows] = next(k for k in program.kernels if contraction_of(k) is not None)
+        out[rows] = next(k for k in program.kernels if contraction_of(k, program.buffers) is not None)
     return out
 
 
@@ -183,7 +183,7 @@ def test_sixteen_lane_gemm_compiles_to_zmm_for_avx512():
     pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
     pb.getModulePassManager().run(mod, pb)
     asm = tm.emit_assembly(mod)
-    gemm = next(k.name for k in code.kernels if contraction_of(k) is not None)
+    gemm = next(k.name for k in code.kernels if contraction_of(k, code.buffers) is not None)
     start = asm.index(f"{gemm}:")
     body = asm[start:asm.index(".Lfunc_end", start)]
     assert "zmm" in body and "vfmadd" in body

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from eclat.backends.cpu.contraction import contraction_of
 from eclat.backends.cpu.runtime import CpuExecutable
 from eclat.backends.cpu.schedules import default_schedule, schedule_space
 from eclat.compiler.group import group
@@ -332,6 +333,24 @@ def test_matmul_tile_edges(m, k, n, weight):
                     {"b": bw, "bias": rand(n)})
     program = check(graph, [rand(m, k)] if weight else [rand(m, k), bw], rtol=1e-4, atol=1e-5)
     assert n == 1 or any(as_contraction(kern) is not None for kern in program.kernels)
+
+
+@pytest.mark.parametrize("cache", ["input", "weight"])
+def test_one_row_against_rows_of_a_runtime_matrix_runs_as_dot_products(cache):
+    """q @ K^T with K a runtime matrix [T, D] (decode attention's scores): its columns step by D,
+    so the register-blocked micro-kernel would gather K element by element; the plain loops
+    vectorise each dot product instead. p @ V (columns step by one) and a constant K (packed at
+    compile time) keep the micro-kernel."""
+    q, p = G.input_("q", (1, 64)), G.input_("p", (1, 37))
+    kv = rand(37, 64)
+    k = G.input_("k", (37, 64)) if cache == "input" else G.weight("k", kv, DType.float32)
+    v = G.input_("v", (37, 64))
+    scores = matmul(q, G.movement(k, lambda view: view.permute((1, 0))))
+    graph = G.Graph([q, p, v] + ([k] if cache == "input" else []), [scores, matmul(p, v)], {"k": kv})
+    inputs = [rand(1, 64), rand(1, 37), rand(37, 64)] + ([kv] if cache == "input" else [])
+    program = check(graph, inputs, rtol=1e-4, atol=1e-5)
+    micro = [contraction_of(kern, program.buffers) is not None for kern in program.kernels]
+    assert micro == [cache == "weight", True]
 
 
 def test_matmul_with_transposed_weight_and_batches():

@@ -55,7 +55,7 @@ def slots_of(buffers: dict[str, Buffer]) -> list[str]:
 def emitter(mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer], packed: dict[str, np.ndarray],
             lanes: int) -> KernelEmitter:
     """The emitter for kernel: the contraction micro-kernel where it applies, else loops."""
-    c = contraction_of(kernel)
+    c = contraction_of(kernel, buffers)
     if c is not None:
         return ContractionEmitter(mod, kernel, buffers, packed, lanes, c)
     return KernelEmitter(mod, kernel, buffers, packed, lanes)

@@ -18,6 +18,7 @@ from ...compiler.group import ravel, terms
 from ...compiler.kernel import (
     Buffer,
     Contraction,
+    Gather,
     Kernel,
     KExpr,
     Load,
@@ -25,6 +26,7 @@ from ...compiler.kernel import (
     axis_vars,
     free_vars,
     loads,
+    walk,
 )
 from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
@@ -42,9 +44,23 @@ CACHE_LINE = 64  # bytes a prefetch brings in
 ACCUMULATOR_CHAINS = 8  # fmas in flight that hide an fma's latency (2 ports x 4 cycles)
 
 
-def contraction_of(kernel: Kernel) -> Contraction | None:
-    """The contraction the micro-kernel computes for kernel: float32 only."""
-    return as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
+def contraction_of(kernel: Kernel, buffers: dict[str, Buffer]) -> Contraction | None:
+    """The contraction the micro-kernel computes for kernel: float32 only, and not one row whose
+    right operand neither is packed (a weight) nor steps by one along the columns: the micro-kernel
+    would gather it element by element, where the plain loops run the reduction as a vectorised
+    dot product (the scores of decode attention: a query against the cache's rows)."""
+    c = as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
+    if c is None or c.m_axis is not None and kernel.shape[c.m_axis] > 1:
+        return c
+    b, n_var = c.b, f"i{c.n_axis}"
+    if isinstance(b, Load) and b.valid == Num(1) and buffers[b.buffer].role == "weight" and \
+            free_vars(b) <= {n_var, c.reduce.var.name}:
+        return c  # packed at compile time
+
+    def step(index: Expr) -> int:
+        return sum(k for k, a in terms(index) if isinstance(a, Var) and a.name == n_var)
+    reads = [x.index if isinstance(x, Load) else x.inner for x in walk(b) if isinstance(x, (Load, Gather))]
+    return c if all(step(index) in (0, 1) for index in reads) else None
 
 
 _PACKED: dict[tuple, list[np.ndarray]] = {}  # packings of live weights, by array, layout and format
