@@ -116,7 +116,10 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     exact = candidates
     if weights != "fp32":
         made: dict = {}  # one rounded array per weight, whichever candidates hold it
-        candidates = [quantize(c, weights, made) for c in candidates]
+        candidates, keep = _rounded_most(candidates, weights, made)
+        exact = [exact[j] for j in keep]
+        if len(egraph.get("differs", ())) > max(keep):  # what each kept candidate differs in
+            egraph = {**egraph, "differs": [egraph["differs"][j] for j in keep]}
     if missing:
         return _deferred(graph, candidates, backend, target, threads, egraph, missing, start, in_structure)
     tdb, owned = _open_db(db, cache_dir) if device is not None else (None, False)
@@ -251,6 +254,17 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     stats.pruned = found.stats.pruned
     stats.timed, stats.chosen = found.stats.timed, found.winner.schedule["candidate"]
     return found.measured_us / 1e6, built[id(found.winner)], found.winner.payload, stats
+
+
+def _rounded_most(candidates: list[Graph], mode: str, made: dict) -> tuple[list[Graph], list[int]]:
+    """The candidates with their weights rounded to mode, keeping only those that round the most
+    weight elements (and their numbers): a candidate that reads a weight in a form the format cannot
+    follow (e.g. a product materialised before its sum) would keep it float32, which is not what
+    `weights=` asked for."""
+    rounded = [quantize(c, mode, made) for c in candidates]
+    sizes = [sum(c.weights[name].size for name in c.formats) for c in rounded]
+    keep = [j for j, size in enumerate(sizes) if size == max(sizes)]
+    return [rounded[j] for j in keep], keep
 
 
 def _references(graph: Graph, candidates: list[Graph], arrays: list[np.ndarray]
