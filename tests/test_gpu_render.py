@@ -161,6 +161,18 @@ def test_cuda_backend_without_a_device() -> None:
         exe.run(inputs)
 
 
+def test_packed_weights_are_packed_once_per_weight() -> None:
+    """Every GPU build of a quantized compile (each candidate, the schedule variants) packs its
+    weights: the packed arrays are remembered while the weight lives (backends.derived)."""
+    from eclat.backends.gpu.packing import PARTS, pack_weights
+
+    graph, _ = CASES["packed"]()
+    first, again = pack_weights(group(graph)), pack_weights(group(graph))
+    parts = [n for n in first.buffers if n.endswith(PARTS)]
+    assert len(parts) == 7  # w8, w4, table: values and scales; wb (bf16): values only
+    assert all(np.shares_memory(first.buffers[n].data, again.buffers[n].data) for n in parts)
+
+
 def test_literals_of_every_dtype() -> None:
     x = g.input_("x", (3,))
     big = g.expand_to(g.const(np.iinfo(np.int64).min, DType.int64), (3,))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import weakref
 
 import llvmlite.ir as ir
 import numpy as np
@@ -32,6 +31,7 @@ from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
 from ...ir.symbolic import Expr, Num, Var, evaluate
 from ...ir.view import contiguous_strides
+from ..derived import derived
 from . import host
 from .emitter import KernelEmitter
 from .scalar import F32, I8, I16, I32, PTR, i64, intrinsic, store_through, vector_ptr
@@ -63,44 +63,33 @@ def contraction_of(kernel: Kernel, buffers: dict[str, Buffer]) -> Contraction | 
     return c if all(step(index) in (0, 1) for index in reads) else None
 
 
-_PACKED: dict[tuple, list[np.ndarray]] = {}  # packings of live weights, by array, layout and format
-
-
 def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int, kk: int,
                   nr: int, fmt: str | None = None) -> list[np.ndarray]:
     """data[index(n, k)] as [panels, K, NR], zero past column n, flat: float32, or in fmt when fmt
     holds every value exactly (quantize.storage: the packed values, then their scales, if any).
-    Remembered while data lives: the candidates of one compile (and its tuning builds) share
-    their weights, and packing a large one (a language model's output head) costs seconds."""
-    base = data
-    while isinstance(base.base, np.ndarray):  # a view made afresh per candidate: key on what it views
-        base = base.base
+    Remembered while data lives (backends.derived)."""
     parts = terms(index)
     linear = {None if a is None else a.name: c for c, a in parts if a is None or isinstance(a, Var)}
     affine = len(linear) == len(parts) and set(linear) - {None} <= {n_var, k_var}
     layout = (linear.get(None, 0), linear.get(n_var, 0), linear.get(k_var, 0)) if affine else str(index)
-    key = (id(base), data.__array_interface__["data"][0], data.shape, data.dtype.str, layout, n, kk, nr, fmt)
-    hit = _PACKED.get(key)
-    if hit is not None:
-        return hit
-    panels = -(-n // nr)
-    out = np.zeros((panels, kk, nr), np.float32)
-    flat = data.reshape(-1)
-    if affine:  # the common case: a strided view, copied once, no index arrays of K x N
-        start, sn, sk = layout
-        item = flat.itemsize
-        grid = np.lib.stride_tricks.as_strided(flat[start:], (kk, n), (sk * item, sn * item))
-    else:
-        grid = flat[evaluate(index, {n_var: np.arange(n)[None, :], k_var: np.arange(kk)[:, None]})]
-    whole = n // nr
-    out[:whole] = grid[:, :whole * nr].reshape(kk, whole, nr).transpose(1, 0, 2)
-    if whole < panels:
-        out[whole, :, :n - whole * nr] = grid[:, whole * nr:]
-    stored = storage(out, FORMATS[fmt]) if fmt else None
-    packs = [a.reshape(-1) for a in stored] if stored is not None else [out.reshape(-1)]
-    _PACKED[key] = packs
-    weakref.finalize(base, _PACKED.pop, key, None)  # forgotten with the weight
-    return packs
+
+    def pack() -> list[np.ndarray]:
+        panels = -(-n // nr)
+        out = np.zeros((panels, kk, nr), np.float32)
+        flat = data.reshape(-1)
+        if affine:  # the common case: a strided view, copied once, no index arrays of K x N
+            start, sn, sk = layout
+            item = flat.itemsize
+            grid = np.lib.stride_tricks.as_strided(flat[start:], (kk, n), (sk * item, sn * item))
+        else:
+            grid = flat[evaluate(index, {n_var: np.arange(n)[None, :], k_var: np.arange(kk)[:, None]})]
+        whole = n // nr
+        out[:whole] = grid[:, :whole * nr].reshape(kk, whole, nr).transpose(1, 0, 2)
+        if whole < panels:
+            out[whole, :, :n - whole * nr] = grid[:, whole * nr:]
+        stored = storage(out, FORMATS[fmt]) if fmt else None
+        return [a.reshape(-1) for a in stored] if stored is not None else [out.reshape(-1)]
+    return derived(data, ("panels", layout, n, kk, nr, fmt), pack)
 
 
 class ContractionEmitter(KernelEmitter):

@@ -17,12 +17,14 @@ bits on the device: `device_dtype`, `to_device` and `from_device` convert at the
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import numpy as np
 
 from ...compiler.kernel import Buffer, Program
 from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy, round_bfloat16
+from ..derived import derived
 
 PARTS = (":q", ":s")  # the packed values and their scales, named after the weight
 
@@ -35,9 +37,10 @@ def pack_weights(program: Program) -> Program:
         if b.format is None or b.along is None or b.data is None or name + PARTS[0] in buffers:
             continue
         k, inner = b.along
-        parts = storage(np.asarray(b.data, np.float32).reshape(-1, k, inner), FORMATS[b.format])
-        for suffix, data in zip(PARTS, parts or ()):
-            flat = data.reshape(-1)
+        data, fmt = np.asarray(b.data, np.float32), FORMATS[b.format]
+        parts = derived(data, ("whole", fmt.name, b.along), partial(storage, data.reshape(-1, k, inner), fmt))
+        for suffix, part in zip(PARTS, parts or ()):
+            flat = part.reshape(-1)
             buffers[name + suffix] = Buffer(name + suffix, flat.size, from_numpy(flat.dtype), "weight", flat)
     return program if len(buffers) == len(program.buffers) else dataclasses.replace(program, buffers=buffers)
 
