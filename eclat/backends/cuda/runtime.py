@@ -15,17 +15,8 @@ import numpy as np
 from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...errors import EclatError
-from ..gpu import (
-    CUDA,
-    Dialect,
-    GpuSchedule,
-    RenderedProgram,
-    device_dtype,
-    from_device,
-    render_program,
-    resident,
-    to_device,
-)
+from ..gpu import CUDA, Dialect, GpuSchedule, RenderedProgram, render_program
+from ..gpu.packing import device_dtype, from_device, resident, to_device
 from .nvcc import compile_ptx
 
 _STATE: dict[str, Any] = {}

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from .dialects import CUDA, DIALECTS, METAL, OPENCL, Dialect
 from .emit import RenderedKernel, RenderedProgram, c_index, render_kernel, render_program
-from .packing import device_dtype, from_device, resident, to_device
 from .schedules import (
     MATVEC_ROWS,
     MAX_THREADS,
@@ -43,5 +42,4 @@ from .target import DeferredExecutable, GpuTarget, Variant, with_variants
 __all__ = ["CUDA", "DIALECTS", "MATVEC_ROWS", "MAX_THREADS", "METAL", "OPENCL", "ROW_MIN_REDUCE",
            "STRATEGIES", "DeferredExecutable", "Dialect", "GpuSchedule", "GpuTarget", "RenderedKernel",
            "RenderedProgram", "Variant", "c_index", "default_gpu_schedule", "gpu_schedule_space",
-           "device_dtype", "from_device", "render_kernel", "render_program", "resident", "row_axes",
-           "to_device", "with_variants"]
+           "render_kernel", "render_program", "row_axes", "with_variants"]

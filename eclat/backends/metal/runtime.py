@@ -16,17 +16,8 @@ import numpy as np
 
 from ...compiler.kernel import Program
 from ...errors import EclatError
-from ..gpu import (
-    METAL,
-    Dialect,
-    GpuSchedule,
-    RenderedProgram,
-    device_dtype,
-    from_device,
-    render_program,
-    resident,
-    to_device,
-)
+from ..gpu import METAL, Dialect, GpuSchedule, RenderedProgram, render_program
+from ..gpu.packing import device_dtype, from_device, resident, to_device
 
 SHIM = Path(__file__).parent / "shim"
 _CXX_FLAGS = ["-std=c++17", "-fsyntax-only", "-Wall", "-Werror", "-Wno-attributes",
