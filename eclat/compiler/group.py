@@ -34,7 +34,19 @@ import numpy as np
 from ..errors import EclatError
 from ..ir.dtypes import DType
 from ..ir.graph import OPS, Graph, Node, decompose_composites
-from ..ir.symbolic import BinOp, Expr, Num, Var, as_int, assume, bounds, floordiv, logical_and, mod, to_expr
+from ..ir.symbolic import (
+    Expr,
+    Num,
+    Var,
+    as_int,
+    assume,
+    bounds,
+    floordiv,
+    logical_and,
+    mod,
+    terms,
+    to_expr,
+)
 from ..ir.view import contiguous_strides
 from .kernel import (
     OP_COST,
@@ -50,6 +62,7 @@ from .kernel import (
     Reduce,
     axis_vars,
     children,
+    coalesce,
     free_vars,
     reduces,
     walk,
@@ -103,7 +116,10 @@ def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int
                    and _is_contraction(r, fv_memo)}
     seed: set[int] = set()
     for r in reduce_nodes:
-        stack, seen = [r.srcs[0]], set()
+        inner = r.srcs[0]
+        while inner.op == r.op:  # a sum over several axes is one reduction: seen from its outermost
+            inner = inner.srcs[0]
+        stack, seen = [inner], set()
         while stack:
             n = stack.pop()
             if id(n) in seen or id(n) in forced:
@@ -145,17 +161,6 @@ def _products_before_masks(graph: Graph) -> Graph:
         same = all(a is b for a, b in zip(srcs, n.srcs))
         new[id(n)] = n if same else Node(n.op, srcs, n.arg, n.shape, n.dtype)
     return dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs])
-
-
-def terms(e: Expr) -> list[tuple[int, Expr | None]]:
-    """e as a sum of coef * atom (atom None for the constant)."""
-    if isinstance(e, Num):
-        return [(e.v, None)]
-    if isinstance(e, BinOp) and e.op == "+":
-        return terms(e.a) + terms(e.b)
-    if isinstance(e, BinOp) and e.op == "*" and isinstance(e.b, Num):
-        return [(c * e.b.v, a) for c, a in terms(e.a)]
-    return [(1, e)]
 
 
 def _sum(terms: list[tuple[int, Expr | None]]) -> Expr:
@@ -386,8 +391,9 @@ class _Grouping:
         fv_memo: dict = {}
         for k in self.kernels:
             rs = reduces(k.body)
-            if len(rs) > 1:  # a contraction gets a kernel of its own, to be register-blocked
-                redundant |= {id(self.origin[r]) for r in rs if r in self.origin
+            axes = {r.body for r in rs if isinstance(r.body, Reduce) and r.body.op == r.op}  # multi-axis
+            if len(rs) - len(axes) > 1:  # a contraction gets a kernel of its own, to be register-blocked
+                redundant |= {id(self.origin[r]) for r in rs if r in self.origin and r not in axes
                               and id(self.origin[r]) not in self.buf_of and _is_contraction(r, fv_memo)}
             sizes.update({f"i{a}": d for a, d in enumerate(k.shape)})
             self._offenders(k.body, tuple(f"i{a}" for a in range(len(k.shape))), False,
@@ -429,6 +435,6 @@ class _Grouping:
 
     def program(self) -> Program:
         ins = [self.buf_of[id(n)] for n in self.graph.inputs]
-        return Program(self.buffers, self.kernels, ins, self.outputs,
+        return Program(self.buffers, [coalesce(k) for k in self.kernels], ins, self.outputs,
                        [tuple(int(d) for d in n.shape) for n in self.graph.inputs],
                        [tuple(int(d) for d in n.shape) for n in self.graph.outputs])

@@ -39,6 +39,7 @@ and which alternatives the search times (Target.default_schedule, Target.schedul
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtypes import DType
-from ..ir.symbolic import Expr, Var, as_int, assume, variables
+from ..ir.symbolic import Expr, Num, Var, as_int, assume, map_vars, terms, variables
 from .quantize import FORMATS
 
 # --- buffers ----------------------------------------------------------------------------
@@ -233,6 +234,74 @@ def rewrite(e: KExpr, nodes: dict[KExpr, KExpr] | None = None,
         memo[x] = out
         return out
     return go(e)
+
+
+def _indices(e: KExpr) -> list[Expr]:
+    """Every index, validity and mask expression of e."""
+    out: list[Expr] = []
+    for x in walk(e):
+        if isinstance(x, Load):
+            out += [x.index, x.valid]
+        elif isinstance(x, Index):
+            out.append(x.expr)
+        elif isinstance(x, Gather):
+            out.append(x.inner)
+    return out
+
+
+def _mergeable(exprs: list[Expr], outer: str, inner: str, span: int) -> bool:
+    """Whether every expression reads outer only as c * span * outer beside c * inner (and neither
+    in any other way): outer then continues inner's run of merged axes, span elements long."""
+    for e in exprs:
+        coef = {outer: 0, inner: 0}
+        for c, atom in terms(e):
+            if isinstance(atom, Var) and atom.name in coef:
+                coef[atom.name] += c
+            elif atom is not None and variables(atom) & coef.keys():
+                return False
+        if coef[outer] != span * coef[inner]:
+            return False
+    return True
+
+
+def coalesce(kernel: Kernel) -> Kernel:
+    """kernel with neighbouring output axes merged wherever every index reads them as one flat
+    axis (a convolution's output rows and columns, unit axes): longer rows for vector loops and
+    contractions (a 1x1 convolution over 7x7 pixels is a GEMM with 49 columns, not 7 of 7)."""
+    shape = list(kernel.shape)
+    if len(shape) < 2 or kernel.sides:
+        return kernel
+    exprs = _indices(kernel.body)
+    kept = [d for d, n in enumerate(shape) if n != 1] or [len(shape) - 1]  # unit axes read as 0
+    groups = [[kept[-1]]]  # runs of merged axes, innermost last
+    for d in reversed(kept[:-1]):
+        run = groups[0]
+        if _mergeable(exprs, f"i{d}", f"i{run[-1]}", math.prod(shape[a] for a in run)):
+            run.insert(0, d)
+        else:
+            groups.insert(0, [d])
+    if len(groups) == len(shape):
+        return kernel
+    new_shape = tuple(math.prod(shape[a] for a in run) for run in groups)
+    new_vars = axis_vars(new_shape)
+    # the run's last axis becomes the merged one, the others vanish: c_d * i_d + ... + c_l * i_l
+    # with c_d = size_after_d * c_l is c_l * j for j the merged index
+    to = {f"i{run[-1]}": new_vars[g] for g, run in enumerate(groups)}
+    gone = {f"i{d}" for d in range(len(shape))} - to.keys()
+    sub = lambda v: Num(0) if v.name in gone else to.get(v.name, v)
+    body = rewrite(kernel.body, index=lambda x: map_vars(x, sub))
+    return dataclasses.replace(kernel, shape=new_shape, body=body)
+
+
+def split_last(kernel: Kernel, size: int) -> Kernel:
+    """kernel with its last axis split into rows of `size` (a multiple of it): coalesce undone
+    where a pass needs the rows."""
+    *lead, last = kernel.shape
+    new_shape = (*lead, last // size, size)
+    outer, inner = axis_vars(new_shape)[-2:]
+    sub = lambda v: outer * size + inner if v.name == f"i{len(lead)}" else v
+    body = rewrite(kernel.body, index=lambda x: map_vars(x, sub))
+    return dataclasses.replace(kernel, shape=new_shape, body=body)
 
 
 def assume_in(e: KExpr, cond: Expr) -> KExpr:

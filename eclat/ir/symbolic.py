@@ -236,7 +236,7 @@ _BUILD: dict[str, Callable[[Expr, Expr], Expr]] = {"+": add, "*": mul, "//": flo
                                                    "and": logical_and}
 
 
-def _map_vars(x: sint, f: Callable[[Var], Expr]) -> Expr:
+def map_vars(x: sint, f: Callable[[Var], Expr]) -> Expr:
     """x rebuilt through the simplifying constructors with each variable v replaced by f(v)."""
     def go(e: Expr) -> Expr:
         if isinstance(e, Var):
@@ -258,12 +258,12 @@ def assume(x: sint, cond: sint) -> Expr:
     def narrow(v: Var) -> Expr:
         lo, hi = narrowed.get(v.name, (1, 0))
         return Var(v.name, lo, hi) if lo <= hi else v  # an empty range (or none) leaves v as it is
-    return _map_vars(x, narrow)
+    return map_vars(x, narrow)
 
 
 def rename(x: sint, old: str, new: Var) -> Expr:
     """x with the variable named old replaced by new."""
-    return _map_vars(x, lambda v: new if v.name == old else v)
+    return map_vars(x, lambda v: new if v.name == old else v)
 
 
 def evaluate(x: sint, env: Mapping[str, int] | None = None):
@@ -305,6 +305,17 @@ def render(x: sint, name: Callable[[Var], str] = lambda v: v.name) -> str:
     if isinstance(x, Var):
         return name(x)
     return f"({render(x.a, name)} {_C_OPS[x.op]} {render(x.b, name)})"
+
+
+def terms(e: Expr) -> list[tuple[int, Expr | None]]:
+    """e as a sum of coef * atom (atom None for the constant)."""
+    if isinstance(e, Num):
+        return [(e.v, None)]
+    if isinstance(e, BinOp) and e.op == "+":
+        return terms(e.a) + terms(e.b)
+    if isinstance(e, BinOp) and e.op == "*" and isinstance(e.b, Num):
+        return [(c * e.b.v, a) for c, a in terms(e.a)]
+    return [(1, e)]
 
 
 def prod(xs) -> sint:

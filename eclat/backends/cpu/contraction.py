@@ -13,7 +13,7 @@ import math
 import llvmlite.ir as ir
 import numpy as np
 
-from ...compiler.group import ravel, terms
+from ...compiler.group import ravel
 from ...compiler.kernel import (
     Buffer,
     Contraction,
@@ -29,7 +29,7 @@ from ...compiler.kernel import (
 )
 from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
-from ...ir.symbolic import Expr, Num, Var, evaluate
+from ...ir.symbolic import Expr, Num, Var, evaluate, terms
 from ...ir.view import contiguous_strides
 from ..derived import derived
 from . import host

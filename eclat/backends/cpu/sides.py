@@ -35,6 +35,7 @@ from ...compiler.kernel import (
     loads,
     reduces,
     rewrite,
+    split_last,
 )
 from ...ir.dtypes import DType
 from ...ir.symbolic import Expr, Num, variables
@@ -51,7 +52,9 @@ def fold_row_reductions(program: Program) -> Program:
             found = _foldable(r, writers, kernels, j)
             if found is None:
                 continue
-            w, row, body = found
+            writer, row, body = found
+            w = writers[writer.out]
+            kernels[w] = writer
             key = (w, body)
             if key not in made:
                 name = f"side{len(made)}_{kernels[w].out}"
@@ -66,9 +69,9 @@ def fold_row_reductions(program: Program) -> Program:
 
 
 def _foldable(r: Reduce, writers: dict[str, int], kernels: list[Kernel],
-              reader: int) -> tuple[int, Expr, KExpr] | None:
-    """(writer, row index in the reader, body in the writer's variables) when r reduces rows of
-    an earlier generic kernel's output elementwise, else None."""
+              reader: int) -> tuple[Kernel, Expr, KExpr] | None:
+    """(the writer, over the rows, the row index in the reader, the body in the writer's variables)
+    when r reduces rows of an earlier generic kernel's output elementwise, else None."""
     if r.op != "sum" or r.dtype is not DType.float32 or reduces(r.body):
         return None
     reads = loads(r.body)
@@ -79,16 +82,18 @@ def _foldable(r: Reduce, writers: dict[str, int], kernels: list[Kernel],
     if w is None or w >= reader or x.valid != Num(1):
         return None
     kw = kernels[w]
+    if not kw.sides and kw.shape and kw.shape[-1] > r.size and kw.shape[-1] % r.size == 0:
+        kw = split_last(kw, r.size)  # its rows were merged (kernel.coalesce)
     shape = kw.shape
     lead = next((d for d, n in enumerate(shape) if n > 1), len(shape))
     if len(shape) < 2 or lead >= len(shape) - 1 or shape[-1] != r.size or as_contraction(kw) is not None \
             or kw.body.dtype is not DType.float32 or _padded(kw):
         return None
-    row, col = unravel(x.index, [kernels[w].numel // r.size, r.size])
+    row, col = unravel(x.index, [kw.numel // r.size, r.size])
     if col != r.var or r.var.name in variables(row):
         return None
     own = Load(x.buffer, ravel(axis_vars(shape), shape), Num(1), x.dtype)
-    return w, row, rewrite(r.body, {x: own})
+    return kw, row, rewrite(r.body, {x: own})
 
 
 def _padded(k: Kernel) -> bool:

@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...compiler.group import terms
 from ...compiler.kernel import Contraction, Kernel, KExpr, Load, as_contraction, free_vars, loads, reduces
 from ...ir.dtypes import DType
-from ...ir.symbolic import Expr, Num, Var
+from ...ir.symbolic import Expr, Num, Var, terms
 
 STRATEGIES = ("flat", "row", "tile")
 ROW_MIN_REDUCE = 32  # a reduction at least this long gets a work-group of its own
