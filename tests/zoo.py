@@ -81,9 +81,51 @@ def make_hf_llama() -> tuple[nn.Module, tuple]:
     return LlamaForCausalLM(cfg).eval(), (_ids(128),)
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2/V3 and EfficientNet's block: expand 1x1, depthwise kxk, squeeze-excitation,
+    project 1x1, with a residual where the shape allows."""
+
+    def __init__(self, c_in: int, c_out: int, expand: int, k: int, stride: int, act: type[nn.Module]):
+        super().__init__()
+        hidden = c_in * expand
+        self.block = nn.Sequential(
+            nn.Conv2d(c_in, hidden, 1, bias=False), nn.BatchNorm2d(hidden), act(),
+            nn.Conv2d(hidden, hidden, k, stride, k // 2, groups=hidden, bias=False), nn.BatchNorm2d(hidden),
+            act())
+        self.squeeze = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(hidden, hidden // 4, 1), nn.ReLU(),
+                                     nn.Conv2d(hidden // 4, hidden, 1), nn.Hardsigmoid())
+        self.project = nn.Sequential(nn.Conv2d(hidden, c_out, 1, bias=False), nn.BatchNorm2d(c_out))
+        self.residual = stride == 1 and c_in == c_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(x)
+        y = self.project(h * self.squeeze(h))
+        return x + y if self.residual else y
+
+
+def make_mobile(side: int = 32) -> tuple[nn.Module, tuple]:
+    """A small MobileNetV3-style network (random weights, BatchNorm statistics drawn away from the
+    identity): depthwise convolutions at strides 1 and 2, 3x3 and 5x5, 7x7 pixels at the end."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish(),
+        InvertedResidual(16, 16, 3, 3, 1, nn.ReLU6), InvertedResidual(16, 24, 4, 5, 2, nn.SiLU),
+        InvertedResidual(24, 24, 3, 5, 1, nn.Hardswish), InvertedResidual(24, 32, 3, 3, 2, nn.SiLU),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return model.eval(), (torch.randn(1, 3, side, side),)
+
+
 ZOO: dict[str, Factory] = {
     "mlp": make_mlp,
     "cnn": make_cnn,
+    "mobile": make_mobile,
     "llama": make_llama,
     "hf_gpt2": make_hf_gpt2,
     "hf_bert": make_hf_bert,

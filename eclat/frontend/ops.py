@@ -428,6 +428,8 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     n = x.shape[0]
     o, cg, *ks = w.shape
     og, outs = as_int(o) // groups, ctx.out_shape[2:]
+    if as_int(cg) == 1 and og == 1:
+        return _depthwise(x, w, bias, ks, stride, padding, dilation, outs)
     red = prod([cg, *ks])
     rows = prod([n, *outs])
     # windows [N, C, O.., K..] -> patches [G, Cg, K.., N, O..] -> [G, Cg*K.., N*O..]
@@ -443,6 +445,43 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     out = P.reshape(out, (n, o, *outs))
     if bias is not None:
         out = P.add(out, P.reshape(bias, (o,) + (1,) * nd))
+    return out
+
+
+def _depthwise(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int], outs: Sequence[sint]) -> Node:
+    """A depthwise convolution (one filter per channel) read straight from its windows, the filter
+    broadcast over batch and positions: an im2col would copy every input element once per tap
+    for GEMMs of one row. At stride 1 the windows are laid on the padded rows' full width, so
+    that the positions of a channel are one flat axis (rows of 7 pixels do not fill a vector):
+    each output row computes its padding columns too (dropped by a view), and the input gets
+    spare padded rows below that the last of them reads."""
+    nd = len(ks)
+    o = w.shape[0]
+    spatial = [as_int(d) for d in x.shape[2:]]
+    flat = nd == 2 and all(s == 1 for s in stride) and None not in spatial and \
+        all(as_int(d) is not None for d in outs)
+    if not flat:
+        win = _windows(x, ks, stride, padding, dilation, outs, 0.0)
+    else:
+        width = spatial[-1] + 2 * padding[-1]
+        over = dilation[-1] * (ks[-1] - 1)  # elements the last window reads past its plane
+        pads = [(p, p) for p in padding[:-2]] + [(padding[-2], padding[-2] + -(-over // width)),
+                                                 (padding[-1], padding[-1])]
+        xp = _padded_contiguous(x, pads, 0.0)
+        cs = View.contiguous(xp.shape).strides
+        rows = math.prod(as_int(d) for d in outs[:-1])
+        win = g.view(xp, View.make((x.shape[0], o, rows * width, *ks),
+                                   (*cs[:2], 1, *(d * st for d, st in zip(dilation, cs[2:])))))
+    taps = g.expand_to(P.reshape(w, (1, o, *[1] * (len(win.shape) - 2 - nd), *ks)), win.shape)
+    out = g.binary("mul", taps, win)
+    for _ in range(nd):
+        out = g.reduce("sum", out, len(out.shape) - 1)
+    if bias is not None:
+        out = P.add(out, P.reshape(bias, (o,) + (1,) * (len(out.shape) - 2)))
+    if flat:  # a kernel of its own: inlined into a reader of the slice, rows are short again
+        out = P.reshape(g.contiguous(out), (x.shape[0], o, *outs[:-1], width))
+        out = g.movement(out, lambda v: v.slice(len(v.shape) - 1, 0, outs[-1]))
     return out
 
 
