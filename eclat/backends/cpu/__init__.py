@@ -47,7 +47,7 @@ class CpuTarget(Target):
         from .runtime import layout, scheduled
 
         code, plan = layout(scheduled(program, threads))
-        return str(build_module(code, plan, threads).ir)
+        return build_module(code, plan, threads).text()
 
     def compile(self, program: Program, threads: int = 1) -> Any:
         from .runtime import CpuExecutable

@@ -54,8 +54,8 @@ def save(exe: Any) -> Section:
         # what the loader will derive must be what this code was built with
         raise ArtifactError("cannot save: the executable's memory plan or argument slots differ from its "
                             "program's (an eclat bug; please report it)")
-    source = str(exe.module.ir)
-    obj = target_machine().emit_object(exe.jit.llvm_module)
+    source = exe.module.text()
+    obj = exe.jit.object_code()
     native = {"device": _cpu_host(), "slot_names": slots}
     return Section(native, {SOURCE: source.encode(), OBJECT: bytes(obj)}, set(exe.module.used))
 

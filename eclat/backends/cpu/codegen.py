@@ -1,4 +1,4 @@
-"""Kernel IR -> one LLVM module: a function per kernel and one entry point.
+"""Kernel IR -> LLVM modules: one per distinct kernel function, and one with the entry points.
 
     void eclat_run(ptr slots)   slots[j] = pointer to buffer `slot_names[j]`, the arena last
 
@@ -17,6 +17,7 @@ vector unit of `lanes` float32 lanes, the host's unless told (host.vector_lanes(
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
@@ -26,7 +27,7 @@ from ...compiler.kernel import Buffer, Kernel, Program, bytes_moved, flops
 from ...compiler.memplan import MemoryPlan
 from . import host
 from .contraction import PACKED, ContractionEmitter, contraction_of
-from .emitter import KernelEmitter
+from .emitter import KERNEL_TYPE, KernelEmitter
 from .scalar import I8, I32, I64, PTR, i64
 
 # below both, handing a kernel to the pool costs more than it saves; a copy above the bytes
@@ -39,12 +40,20 @@ PARALLEL_MIN_BYTES = 256 * 1024
 class Module:
     """What codegen hands the JIT and the runtime."""
 
-    ir: ir.Module
+    ir: ir.Module  # the entry points, calling the kernel functions
+    kernels: dict[str, ir.Module]  # kernel function name -> the module that defines it alone
+    functions: dict[str, str]  # kernel name -> the name of the function that runs it
     slot_names: list[str]  # buffers passed to eclat_run, in order (arena last, as "<arena>")
     packed: dict[str, np.ndarray]  # constant buffers made at compile time (packed weights)
     parallel: list[str]  # kernels split across threads
     used: set[str]  # buffers some kernel reads or writes (a weight read only packed is not)
     lanes: int  # float32 lanes of the vector unit the code was generated for
+
+    def text(self) -> str:
+        """The whole program as one module of LLVM IR: the kernels linked with the entry points."""
+        from .jit import linked
+
+        return str(linked(self))
 
 
 def slots_of(buffers: dict[str, Buffer]) -> list[str]:
@@ -77,11 +86,17 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
     used: set[str] = set()
     parallel: list[str] = []
     functions: dict[str, tuple[str, int]] = {}
+    kernels: dict[str, ir.Module] = {}
     for k in program.kernels:
-        em = emitter(mod, k, program.buffers, packed, lanes)
+        em = emitter(ir.Module(name=k.name), k, program.buffers, packed, lanes)
         key = em.key()
         if key not in functions:
-            functions[key] = (k.name, em.function())
+            # named by its code: equal kernels of any program are one function, compiled once (jit)
+            fn_name = f"eclat_{hashlib.sha256(f'{lanes}|{key}'.encode()).hexdigest()[:24]}"
+            functions[key] = (fn_name, em.function(fn_name))
+            em.mod.name = fn_name  # its text, and so its cached code, depends on nothing else
+            kernels[fn_name] = em.mod
+            ir.Function(mod, KERNEL_TYPE, fn_name)  # declared here, defined in its own module
         fn_name, outer = functions[key]
         calls.append((fn_name, em.arg_names, outer))
         used |= em.used
@@ -90,7 +105,8 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
             parallel.append(k.name)
     slot_names = slots_of(program.buffers)
     _entry(mod, program, plan, slot_names, calls, set(parallel), threads)
-    return Module(mod, slot_names, packed, parallel, used, lanes)
+    return Module(mod, kernels, {k.name: fn for k, (fn, _, _) in zip(program.kernels, calls)}, slot_names,
+                  packed, parallel, used, lanes)
 
 
 def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[str],

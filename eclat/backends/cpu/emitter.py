@@ -11,6 +11,7 @@ contraction.ContractionEmitter, a subclass.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from ...compiler.kernel import (
     Reduce,
     assume_in,
     axis_vars,
+    children,
     free_vars,
     loads,
     reduces,
@@ -75,6 +77,9 @@ KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
 INTERLEAVE = 4  # vectors in flight in vectorised inner loops
 VECTORIZER_MIN_TRIP = 16  # LLVM's loop vectoriser leaves loops shorter than this alone unless told
 UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
+# and longer ones whose unrolled code stays this small (a depthwise convolution's 7x7 taps): the
+# loop around them then vectorises; larger straight-line bodies cost LLVM seconds to optimise
+UNROLL_OPS = 160
 COMBINE = {"sum": "add", "max_reduce": "max"}  # the binary op that folds each reduction
 LOOP_HINT = "eclat.loop.hint"  # Jitted turns this into a distinct self-referencing loop id
 
@@ -105,11 +110,11 @@ class KernelEmitter:
         packed = self.pack_name is not None and (self.pack_format or "f32")
         return f"{self.k.shape}|{self.k.schedule}|{canon[self.k.out]}|{packed}|{body}"
 
-    def function(self) -> int:
-        """Emit the function; returns the length of its outermost (parallel) loop."""
-        self.fn = ir.Function(self.mod, KERNEL_TYPE, self.k.name)
-        self.fn.linkage = "internal"
-        self.fn.attributes.add("noinline")  # shared by layers and the profiling entries: compile once
+    def function(self, name: str) -> int:
+        """Emit the function `name` (module-visible: codegen compiles it in a module of its own); returns
+        the length of its outermost (parallel) loop."""
+        self.fn = ir.Function(self.mod, KERNEL_TYPE, name)
+        self.fn.attributes.add("noinline")  # called by eclat_run and a profiling entry: one copy
         self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.scope: Scope[ir.Value] = Scope()
         self.ptr = {n: self.b.load(self.b.gep(self.fn.args[0], [i64(j)], source_etype=PTR), typ=PTR)
@@ -231,15 +236,19 @@ class KernelEmitter:
             self.store(sd.out, row, value, DType.float32)
 
     def _pad_split(self) -> tuple[Expr, int, int, KExpr] | None:
-        """For a padding kernel, where(mask, x, 0) at the top with the innermost axis bounded
-        by the mask: (the mask's other terms, the interior lo..hi, x simplified under the mask).
+        """For a padding kernel, where(mask, x, 0) or a load valid under mask at the top, with the
+        innermost axis bounded by the mask: (the mask's other terms, the interior lo..hi, x
+        simplified under the mask).
         Rows are then written as zeros | x unmasked | zeros, which vectorise; a per-element
         mask and clamped reads do not."""
         body, last = self.k.body, f"i{len(self.k.shape) - 1}"
-        if not (isinstance(body, Op) and body.op == "where" and isinstance(body.srcs[0], Index)
-                and isinstance(body.srcs[2], Const) and body.srcs[2].value == 0):
+        if isinstance(body, Op) and body.op == "where" and isinstance(body.srcs[0], Index) \
+                and isinstance(body.srcs[2], Const) and body.srcs[2].value == 0:
+            cond, x = body.srcs[0].expr, body.srcs[1]
+        elif isinstance(body, Load) and body.valid != Num(1):  # a padded copy
+            cond, x = body.valid, dataclasses.replace(body, valid=Num(1))
+        else:
             return None
-        cond = body.srcs[0].expr
         terms_ = conjuncts(cond)
         inner = [t for t in terms_ if last in variables(t)]
         if not inner or not all(is_range(t) for t in inner):
@@ -249,7 +258,7 @@ class KernelEmitter:
         for t in terms_:
             if t not in inner:
                 outer = logical_and(outer, t)
-        return outer, lo, hi, assume_in(body.srcs[1], cond)
+        return outer, lo, hi, assume_in(x, cond)
 
     def _padded_row(self, vars_: list[Var], outer: Expr, lo: int, hi: int, x: KExpr) -> None:
         k, b = self.k, self.b
@@ -367,7 +376,8 @@ class KernelEmitter:
     def reduce(self, r: Reduce) -> ir.Value:
         cands = reduces(r.body)
         op = COMBINE[r.op]
-        if r.size <= UNROLL_REDUCE:  # a pooling window: straight-line code keeps the outer loop vectorisable
+        if r.size <= UNROLL_REDUCE or r.size * _tree_ops(r.body) <= UNROLL_OPS:
+            # a pooling window, a filter's taps: straight-line code keeps the outer loop vectorisable
             acc = identity(r.op, r.dtype)
             for j in range(r.size):
                 with self.scope.nested():
@@ -404,6 +414,13 @@ class KernelEmitter:
 
 
 # --- index arithmetic: i64, never wrapping -------------------------------------------------------
+
+def _tree_ops(e: KExpr) -> int:
+    """Nodes of e as a tree, a reduce's body counted once per term: its size unrolled."""
+    if isinstance(e, Reduce):
+        return e.size * _tree_ops(e.body)
+    return 1 + sum(_tree_ops(c) for c in children(e))
+
 
 def _nsw(v: ir.Instruction) -> ir.Instruction:
     v.flags.append("nsw")

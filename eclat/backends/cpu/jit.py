@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
 import warnings
+from collections import OrderedDict
 from functools import cache
+from typing import Any
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
@@ -68,25 +72,82 @@ def _loop_ids(text: str) -> str:
     return re.sub(r'^!eclat\.loop\.hint\.\d+ = !\{[^}]*\}$', "", text, flags=re.M)
 
 
-class Jitted:
-    """A compiled module; keeps the engine alive for as long as its code is used."""
+def _prepared(module: Any, tm: llvm.TargetMachine) -> str:
+    """module's IR text for tm, its loop hints made loop ids."""
+    module.triple = llvm.get_process_triple()
+    module.data_layout = str(tm.target_data)
+    return _loop_ids(str(module))
 
-    def __init__(self, module: ir.Module):
+
+def _optimised(text: str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
+    mod = llvm.parse_assembly(text)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_interleaving = True  # several vectors in flight hide fma latency
+    pto.loop_unrolling = False  # full unrolling of small constant loops explodes compile time
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+CODE_CACHE_BYTES = 256 << 20  # compiled kernel functions kept in this process, least recently used out
+_code: OrderedDict[str, tuple[bytes, str]] = OrderedDict()  # IR digest -> (object code, optimised IR)
+_code_lock = threading.Lock()
+
+
+def kernel_code(module: ir.Module) -> tuple[bytes, str]:
+    """The object code and optimised IR of a module holding one kernel function. Compiled once per
+    process: the candidates of a compile, the layers of a model and the schedules a tuner tries
+    share most kernels, and optimising them is most of a build's time."""
+    tm = target_machine()
+    text = _prepared(module, tm)
+    key = hashlib.sha256(f"{llvm.llvm_version_info}|{tm.triple}|{llvm.get_host_cpu_name()}|"
+                         f"{llvm.get_host_cpu_features().flatten()}|{text}".encode()).hexdigest()
+    with _code_lock:
+        if key in _code:
+            _code.move_to_end(key)
+            return _code[key]
+    mod = _optimised(text, tm)
+    code = (bytes(tm.emit_object(mod)), str(mod))
+    with _code_lock:
+        _code[key] = code
+        total = sum(len(o) + len(t) for o, t in _code.values())
+        while total > CODE_CACHE_BYTES and len(_code) > 1:
+            o, t = _code.popitem(last=False)[1]
+            total -= len(o) + len(t)
+    return code
+
+
+def linked(module: Any) -> llvm.ModuleRef:
+    """A codegen Module as one LLVM module, not optimised: its entry points and every kernel."""
+    tm = target_machine()
+    whole = llvm.parse_assembly(_prepared(module.ir, tm))
+    for kernel in module.kernels.values():
+        whole.link_in(llvm.parse_assembly(_prepared(kernel, tm)))
+    return whole
+
+
+class Jitted:
+    """Compiled code: a module's (one that defines all it calls), or a codegen Module's entry points
+    with its kernels' cached object code. Keeps the engine alive for as long as its code is used."""
+
+    def __init__(self, module: Any, kernels: dict[str, ir.Module] | None = None):
         tm = target_machine()
-        module.triple = llvm.get_process_triple()
-        module.data_layout = str(tm.target_data)
-        mod = llvm.parse_assembly(_loop_ids(str(module)))
-        mod.verify()
-        pto = llvm.create_pipeline_tuning_options(speed_level=3)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        pto.loop_interleaving = True  # several vectors in flight hide fma latency
-        pto.loop_unrolling = False  # full unrolling of small constant loops explodes compile time
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-        self.engine = llvm.create_mcjit_compiler(mod, tm)
+        self.kernel_code = [kernel_code(m) for m in (kernels or {}).values()]
+        self.llvm_module = _optimised(_prepared(module, tm), tm)
+        self.engine = llvm.create_mcjit_compiler(self.llvm_module, tm)
+        for obj, _ in self.kernel_code:
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self.engine.finalize_object()
-        self.llvm_module = mod
 
     def address(self, name: str) -> int:
         return self.engine.get_function_address(name)
+
+    def object_code(self) -> bytes:
+        """All the code as one object file (an artifact's)."""
+        whole = llvm.parse_assembly(str(self.llvm_module))
+        for _, text in self.kernel_code:
+            whole.link_in(llvm.parse_assembly(text))
+        return bytes(target_machine().emit_object(whole))

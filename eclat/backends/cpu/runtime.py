@@ -152,7 +152,7 @@ class CpuExecutable(NativeRun):
         one_thread_warning(threads)
         code, plan = layout(program)  # what runs; program is what reports and artifacts see
         self.module = build_module(code, plan, threads, lanes)
-        self.jit = Jitted(self.module.ir)
+        self.jit = Jitted(self.module.ir, self.module.kernels)
         super().__init__(program, plan, self.module.slot_names, self.jit.address("eclat_run"))
 
     def profile(self, inputs: list[np.ndarray], repeats: int = 5) -> list[float]:
