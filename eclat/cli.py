@@ -219,7 +219,7 @@ def _summary(path: str, manifest: dict[str, Any], files: dict[str, int]) -> dict
         "kernels": rows, "estimated_us": round(sum(estimates), 3) if estimates else None,
         "egraph": report.get("egraph"), "candidates": report.get("candidates"),
         "memory": report.get("memory"), "compile_seconds": report.get("compile_seconds"),
-        "quantization": report.get("quantization"),
+        "phases": report.get("phases") or {}, "quantization": report.get("quantization"),
         "files": files, "measured_us": None,
     }
 
@@ -271,6 +271,9 @@ def _inspect_text(d: dict[str, Any]) -> str:
     measured = f"measured {_num(d['measured_us'])} us (median, this machine)" if d["measured_us"] else \
         "not measured (--measure runs it here)"
     lines.append(f"whole model: estimated {_num(d['estimated_us'])} us, {measured}")
+    if d.get("compile_seconds") is not None:
+        spent = ", ".join(f"{name} {s:.2f}" for name, s in sorted(d["phases"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"compiled in {d['compile_seconds']:.2f} s" + (f" ({spent})" if spent else ""))
     eg = d.get("egraph") or {}
     if eg.get("enodes") is not None:
         lines.append(f"e-graph: {eg['enodes']} e-nodes, {eg['eclasses']} e-classes, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -70,6 +71,7 @@ def test_inspect_table_json_and_html(work, capsys):
     assert main(["inspect", str(work["artifact"]), "--html", str(page)]) == 0
     text = capsys.readouterr().out
     assert "kernel" in text and "e-graph:" in text and "whole model: estimated" in text
+    assert re.search(r"compiled in [\d.]+ s \(.*build [\d.]+.*\)", text)
     assert "not measured (--measure runs it here)" in text
     html = page.read_text()
     assert "<svg" in html and "arithmetic intensity" in html and "GFLOP/s" in html

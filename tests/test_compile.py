@@ -94,6 +94,10 @@ def test_report_is_json_and_complete(mlp):
     kern = report["kernels"][0]
     assert set(kern) >= {"name", "ops", "flops", "bytes", "estimated_us", "measured_us"}
     assert sum(k["flops"] for k in report["kernels"]) > 2 * 4 * 16 * 32  # at least the first layer
+    # where the compile's time went: the phases it passed through, adding up to no more than it took
+    assert set(report["phases"]) >= {"lower", "e-graph", "group", "reference", "build", "verify", "timing"}
+    assert all(s >= 0 for s in report["phases"].values())
+    assert sum(report["phases"].values()) <= report["compile_seconds"] + 0.01
 
 
 def test_bad_options():

@@ -16,7 +16,6 @@ from torch.nn import functional as F
 from eclat.backends.cpu import host
 from eclat.backends.cpu.codegen import build_module
 from eclat.backends.cpu.contraction import contraction_of
-from eclat.backends.cpu.jit import _loop_ids
 from eclat.backends.cpu.runtime import CpuExecutable, layout
 from eclat.backends.cpu.schedules import default_schedule, fits, gemm_tiles, gemv_tiles, schedule_space
 from eclat.compiler.group import group
@@ -153,7 +152,7 @@ def test_sixteen_lanes_run_right_on_this_host(make):
     program = _program(model, inputs)
     exe = CpuExecutable(_with_lanes(program, 16, 32), lanes=16)
     assert exe.module.lanes == 16
-    text = str(exe.module.ir)
+    text = exe.module.text()
     assert "<16 x float>" in text and "<8 x float>" not in text
     (got,) = exe.run([x.numpy() for x in inputs])
     want = model(*inputs).detach().numpy()
@@ -176,21 +175,20 @@ def test_sixteen_lane_gemm_compiles_to_zmm_for_avx512():
     code, plan = layout(program)
     module = build_module(code, plan, lanes=16)
     tm = _x86_machine("skylake-avx512", "+avx512f,+avx512vl,+avx512bw,+avx512dq,+avx2,+avx,+fma,+sse4.2")
-    module.ir.triple = "x86_64-unknown-linux-gnu"
-    module.ir.data_layout = str(tm.target_data)
-    mod = llvm.parse_assembly(_loop_ids(str(module.ir)))
+    mod = llvm.parse_assembly(module.text())
+    mod.triple = "x86_64-unknown-linux-gnu"
+    mod.data_layout = str(tm.target_data)
     mod.verify()
     pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
     pb.getModulePassManager().run(mod, pb)
     asm = tm.emit_assembly(mod)
     gemm = next(k.name for k in code.kernels if contraction_of(k, code.buffers) is not None)
-    start = asm.index(f"{gemm}:")
+    start = asm.index(f"{module.functions[gemm]}:")
     body = asm[start:asm.index(".Lfunc_end", start)]
     assert "zmm" in body and "vfmadd" in body
     # and for AVX2 the same kernel at 8 lanes is ymm only
     program8 = _with_lanes(program, 8, 16)
     code8, plan8 = layout(program8)
     tm8 = _x86_machine("haswell", "+avx2,+avx,+fma,+sse4.2")
-    text = str(build_module(code8, plan8, lanes=8).ir)
-    asm8 = tm8.emit_assembly(llvm.parse_assembly(_loop_ids(text)))
+    asm8 = tm8.emit_assembly(llvm.parse_assembly(build_module(code8, plan8, lanes=8).text()))
     assert "ymm" in asm8 and "zmm" not in asm8

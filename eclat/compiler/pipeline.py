@@ -46,6 +46,7 @@ from . import tune as tuning
 from .group import group
 from .kernel import Program, bytes_moved, flops
 from .model import CompiledModel
+from .phases import phase, recording
 from .quantize import accuracy, check_mode, quantize
 from .report import CandidateStats, CompileReport, DeviceSummary, EgraphStats
 from .specs import InputSpec, input_structure, leaves
@@ -82,18 +83,27 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
 
     structure = input_structure(example_inputs)
     arrays = [to_numpy(x) for x in leaves(example_inputs, structure, "example_inputs")]
-    graph = lower(model, example_inputs)
-    arrays += [s.initial for s in graph.states]
-    remember = None
-    if autotune != "none" and verify and weights == "fp32":  # a remembered program is checked against torch
-        remember = program_cache.cache_path(graph, target, autotune, k, threads, cache_dir)
-        cached = _from_program_cache(remember, graph, structure, model, example_inputs, arrays, target,
-                                     threads, autotune, cache_dir, db, quiet, start)
-        if cached is not None:
-            return cached
-    return compile_graph(graph, arrays, target, threads=threads, autotune=autotune, cache_dir=cache_dir,
-                         db=db, k=k, verify=verify, quiet=quiet, start=start, remember=remember,
-                         in_structure=structure, weights=weights, max_error=max_error)
+    with recording() as spent:
+        with phase("lower"):
+            graph = lower(model, example_inputs)
+        arrays += [s.initial for s in graph.states]
+        remember = None
+        if autotune != "none" and verify and weights == "fp32":  # checked against torch when remembered
+            remember = program_cache.cache_path(graph, target, autotune, k, threads, cache_dir)
+            cached = _from_program_cache(remember, graph, structure, model, example_inputs, arrays, target,
+                                         threads, autotune, cache_dir, db, quiet, start)
+            if cached is not None:
+                return _spent(cached, spent)
+        return _spent(compile_graph(graph, arrays, target, threads=threads, autotune=autotune,
+                                    cache_dir=cache_dir, db=db, k=k, verify=verify, quiet=quiet, start=start,
+                                    remember=remember, in_structure=structure, weights=weights,
+                                    max_error=max_error), spent)
+
+
+def _spent(compiled: CompiledModel, spent: dict[str, float]) -> CompiledModel:
+    """compiled with the seconds each phase of its compile took in its report."""
+    compiled.compile_report.phases = {name: round(s, 3) for name, s in spent.items()}
+    return compiled
 
 
 def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *, threads: int = 1,
@@ -109,7 +119,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     backend = get_target(target)
     bars = True if quiet else None  # progress bars: on a terminal, unless quiet
     missing = backend.missing()
-    device = _device(target, threads, cache_dir) if autotune != "none" and not missing else None
+    with phase("device"):
+        device = _device(target, threads, cache_dir) if autotune != "none" and not missing else None
     with progress(total=1, desc="e-graph", quiet=bars) as bar:
         candidates, egraph = _candidates(graph, target, k, device)
         bar.update()
@@ -124,7 +135,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         return _deferred(graph, candidates, backend, target, threads, egraph, missing, start, in_structure)
     tdb, owned = _open_db(db, cache_dir) if device is not None else (None, False)
     try:
-        reference = _references(graph, candidates, arrays) if verify else lambda n: None
+        with phase("reference"):
+            reference = _references(graph, candidates, arrays) if verify else lambda n: None
         hits, misses = (tdb.hits, tdb.misses) if tdb is not None else (0, 0)
         chosen_key = _choice_key(graph, f"{autotune}|{weights}", k, backend.name, device) if tdb is not None \
             else None
@@ -161,7 +173,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     if remember is not None:
         program_cache.write(remember, program, tuned, report.to_dict())
     if autotune != "none":
-        report.add_measured(_kernel_times_us(exe, program, arrays))
+        with phase("timing"):
+            report.add_measured(_kernel_times_us(exe, program, arrays))
     return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure, graph.states)
 
 
@@ -188,9 +201,11 @@ def _candidates(graph: Graph, target: str, k: int, device: Any = None) -> tuple[
 
     roof = CPU if device is None else Roofline(device.gflops("float32") * 1e9, device.peak_gbps * 1e9,
                                                device.launch_overhead_us * 1e-6)
-    opt = rewrites.optimize(graph, target, k, roof=roof)
+    with phase("e-graph"):
+        opt = rewrites.optimize(graph, target, k, roof=roof)
     made: dict = {}  # one array per folded value, whichever candidates hold it
-    return [fold_weights(c, made) for c in opt.candidates or [graph]], dict(opt.stats)
+    with phase("fold"):
+        return [fold_weights(c, made) for c in opt.candidates or [graph]], dict(opt.stats)
 
 
 def _rewrites() -> Any:
@@ -212,9 +227,10 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any,
     programs = []
     for n, cand in enumerate(candidates):
         try:
-            program = group(cand)
-            for kern in program.kernels:
-                kern.schedule = target.default_schedule(kern, threads)
+            with phase("group"):
+                program = group(cand)
+                for kern in program.kernels:
+                    kern.schedule = target.default_schedule(kern, threads)
         except Exception as e:  # a broken candidate must not take the compile down
             errors.append(f"candidate {n}: {type(e).__name__}: {e}")
             continue
@@ -296,7 +312,8 @@ def _refuse_error(quantization: dict[str, Any], max_error: float | None) -> None
 def _sample_us(exe: Any, arrays: list[np.ndarray]) -> float:
     """One timing of a whole program: the median of a few runs (one if a run is longer)."""
     inputs = [np.ascontiguousarray(a) for a in arrays]
-    timing = measure(lambda: exe.run(inputs), warmup=0, repeats=SAMPLE_RUNS, max_seconds=SAMPLE_SECONDS)
+    with phase("timing"):
+        timing = measure(lambda: exe.run(inputs), warmup=0, repeats=SAMPLE_RUNS, max_seconds=SAMPLE_SECONDS)
     return timing.median_us
 
 
@@ -323,7 +340,8 @@ def _tuned(program: Program, target: Any, device: Any, mode: str, threads: int, 
     a time do not see what they cost each other (data moving between cores, caches they evict)."""
     defaults = [k.schedule for k in program.kernels]
     try:
-        tuning.tune(program, target, device, db, mode, threads, arrays, quiet=bars)
+        with phase("tuning"):
+            tuning.tune(program, target, device, db, mode, threads, arrays, quiet=bars)
         if untuned is not None and [k.schedule for k in program.kernels] == defaults:
             return untuned, True  # the defaults won every kernel: nothing else to build
         tuned = verified_build(program, target, threads, arrays, reference)

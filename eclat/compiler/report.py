@@ -70,6 +70,9 @@ class CompileReport:
     kernels: list[KernelRow] = field(default_factory=list)
     memory: dict[str, int] | None = None  # arena_bytes, without_reuse_bytes
     compile_seconds: float = 0.0
+    # seconds per phase (compiler.phases): lower, device, e-graph, fold, group, reference, build,
+    # verify, timing, tuning; the rest of compile_seconds is bookkeeping between them
+    phases: dict[str, float] = field(default_factory=dict)
     tuning_cache: dict[str, int] = field(default_factory=lambda: {"hits": 0, "misses": 0})
     notes: list[str] = field(default_factory=list)
     artifact: dict[str, Any] | None = None  # where a loaded model came from

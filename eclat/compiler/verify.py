@@ -11,6 +11,7 @@ from ..errors import EclatError
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, numel
 from .kernel import Program
+from .phases import phase
 
 RTOL, ATOL = 1e-3, 1e-4
 HALF_RTOL = {DType.float16: 4e-3, DType.bfloat16: 3e-2}  # a few units in the last place of a half type
@@ -39,10 +40,12 @@ def verified_build(program: Program, target: Any, threads: int, arrays: list[np.
                    reference: list[np.ndarray] | None) -> Any:
     """program compiled for target, run once on arrays and its outputs checked against reference
     (raises when wrong)."""
-    exe = target.compile(program, threads)
-    outs = exe.run([np.ascontiguousarray(a) for a in arrays])
-    if reference is not None:
-        verify(outs, reference, [program.buffers[name].dtype for name in program.outputs])
+    with phase("build"):
+        exe = target.compile(program, threads)
+    with phase("verify"):
+        outs = exe.run([np.ascontiguousarray(a) for a in arrays])
+        if reference is not None:
+            verify(outs, reference, [program.buffers[name].dtype for name in program.outputs])
     return exe
 
 
