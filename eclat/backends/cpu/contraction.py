@@ -286,11 +286,16 @@ class ContractionEmitter(KernelEmitter):
             self.loop(i64(0), i64(kk // (2 if self._nibbles() else 1)), [], decode)
             return
 
+        vt = ir.VectorType(F32, self.lanes)
+        unit = self._unit_stride(c.b, f"i{c.n_axis}")
+        full = self.b.icmp_signed("<=", self.b.add(n0, i64(nr)), i64(n_size))
+
         def step(kv: ir.Value, _a: list) -> list:
             self.scope.bind(c.reduce.var.name, kv)
-            for col, val in enumerate(self._b_columns(c, n0, nr, n_size)):
-                at = self.b.add(self.b.mul(kv, i64(nr)), i64(col))
-                self.b.store(val, self.b.gep(self.scratch, [at], source_etype=F32))
+            # a whole panel of a row-contiguous operand: vector copies (an im2col's patches)
+            for v, vec in enumerate(self._b_vectors(c, p, n0, kv, nr, full, unit, vt, into_scratch=True)):
+                at = self.b.add(self.b.mul(kv, i64(nr)), i64(v * self.lanes))
+                store_through(self.b, vec, vector_ptr(self.b, self.scratch, at))
             return []
         self.loop(i64(0), i64(kk), [], step)
 
