@@ -18,6 +18,7 @@ from eclat.compiler.memplan import plan_memory
 from eclat.ir import graph as G
 from eclat.ir.dtypes import DType
 from eclat.ir.interpreter import run
+from eclat.ir.view import View
 
 RNG = np.random.default_rng(0)
 
@@ -544,3 +545,31 @@ def test_output_axes_read_as_one_flat_axis_are_merged():
     c = as_contraction(program.kernels[0])
     assert c is not None and program.kernels[0].shape[c.n_axis] == 20
     assert (3, 6, 5) in shapes and (3, 5, 4) in shapes, shapes  # the mask's rows; the transpose
+
+
+@pytest.mark.parametrize("stride, threads", [(2, 1), (1, 2)])
+def test_windows_read_through_padding_run_unmasked_inside_the_rows(stride, threads):
+    """A 3x3 max pool and a sum pool over a -inf / zero padded input (a conv's taps alike): their
+    rows run masked at the edges and unmasked in between (`KernelEmitter._interior`), and match
+    the interpreter there, NaN and infinities included, on rows of odd length."""
+    from eclat.backends.cpu.emitter import KernelEmitter
+
+    x = G.input_("x", (3, 17, 21))
+    pads = [(0, 0), (1, 1), (1, 1)]
+    inside = G.movement(G.expand_to(G.const(True, DType.bool), (3, 17, 21)), lambda v: v.pad(pads))
+    rows, cols = (19 - 3) // stride + 1, (23 - 3) // stride + 1
+    windows = View.make((3, rows, cols, 3, 3), (19 * 23, 23 * stride, stride, 23, 1))
+    outs = []
+    for op, fill in (("max_reduce", -math.inf), ("sum", 0.0)):
+        fills = G.expand_to(G.const(fill), (3, 19, 23))
+        padded = G.where(inside, G.movement(x, lambda v: v.pad(pads)), fills)
+        outs.append(G.reduce(op, G.reduce(op, G.view(padded, windows), 4), 3))
+    graph = G.Graph([x], outs, {})
+    program = group(graph)
+    split = [k for k in program.kernels if KernelEmitter(None, k, program.buffers, {}, 8)._interior()]
+    assert len(program.kernels) == len(split) == 2  # each pool reads x through its padding, split
+    xs = rand(3, 17, 21)
+    xs[0, 0, 0], xs[1, 16, 20], xs[2, 5, 0], xs[2, 8, 9] = np.nan, np.inf, -np.inf, np.nan
+    exe = on_two_threads(program) if threads > 1 else CpuExecutable(program)
+    for got, want in zip(exe.run([xs]), run(graph, [xs])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)

@@ -38,6 +38,7 @@ from ...compiler.kernel import (
     loads,
     reduces,
     rewrite,
+    walk,
 )
 from ...ir.dtypes import DType
 from ...ir.symbolic import (
@@ -45,11 +46,14 @@ from ...ir.symbolic import (
     Expr,
     Num,
     Var,
+    bounds,
     conjuncts,
     is_range,
     logical_and,
+    map_vars,
     ranges,
     rename,
+    terms,
     variables,
 )
 from ..scope import Scope
@@ -133,8 +137,10 @@ class KernelEmitter:
 
     # --- loops ------------------------------------------------------------------------------
     def loop(self, start: ir.Value, stop: ir.Value, inits: Sequence[ir.Value],
-             body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]]) -> list[ir.Value]:
-        """for i in [start, stop): accs = body(i, accs); returns the final accs."""
+             body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]],
+             hint: bool | None = None) -> list[ir.Value]:
+        """for i in [start, stop): accs = body(i, accs); returns the final accs. hint: whether an
+        innermost loop gets vectoriser hints (default: the emitter's inner_loops)."""
         b = self.b
         pre = b.block
         header = self.fn.append_basic_block("loop")
@@ -155,7 +161,7 @@ class KernelEmitter:
         nxt = b.add(i, i64(1))
         nxt.flags.append("nsw")
         br = b.cbranch(b.icmp_signed("<", nxt, stop), header, exit_)
-        if self.inner_loops and not self._nested:
+        if (self.inner_loops if hint is None else hint) and not self._nested:
             trip = stop.constant - start.constant if isinstance(start, ir.Constant) and \
                 isinstance(stop, ir.Constant) else None
             br.set_metadata("llvm.loop", loop_hint(self.mod, self.k.schedule.unroll, self.lanes, trip))
@@ -198,12 +204,15 @@ class KernelEmitter:
             return 1
 
         pad = self._pad_split() if len(shape) - 1 > lead else None
+        inside = self._interior() if pad is None and not k.sides and len(shape) - 1 > lead else None
 
         def level(d: int, i: ir.Value, _accs: list) -> list:
             self.scope.bind(vars_[d].name, i)
             self.hoist(cands)
             if d + 2 == len(shape) and pad is not None:
                 self._padded_row(vars_, *pad)
+            elif d + 2 == len(shape) and inside is not None:
+                self._split_row(vars_, *inside)
             elif d + 2 == len(shape) and k.sides:
                 self._row_with_sides(vars_, cands)
             elif d + 1 < len(shape):
@@ -259,6 +268,48 @@ class KernelEmitter:
             if t not in inner:
                 outer = logical_and(outer, t)
         return outer, lo, hi, assume_in(x, cond)
+
+    def _interior(self) -> tuple[int, int, KExpr] | None:
+        """For a kernel whose masks bound its innermost axis (a pooling window or a convolution's
+        taps reading through padding): the interior lo..hi where every such mask holds whatever the
+        reduction variables are, and the body there, its masks folded away. Rows then run masked
+        at their edges only: a mask per element keeps the loop from vectorising."""
+        k, last = self.k, f"i{len(self.k.shape) - 1}"
+        atoms = [a for e in _masks(k.body) for a in conjuncts(e) if last in variables(a)]
+        if not atoms:
+            return None
+        lo, hi = 0, k.shape[-1] - 1
+        for atom in atoms:
+            span = _holds_for(atom, last, lo, hi)
+            if span is None:
+                return None
+            lo, hi = span
+        if hi - lo + 1 < self.lanes:
+            return None
+        narrowed = Var(last, lo, hi)
+        body = rewrite(k.body, index=lambda x: map_vars(x, lambda v: narrowed if v.name == last else v))
+        if any(last in variables(e) for e in _masks(body)):
+            return None  # a mask the ranges did not fold
+        return lo, hi, body
+
+    def _split_row(self, vars_: list[Var], lo: int, hi: int, inner: KExpr) -> None:
+        """The last axis as masked edges around an unmasked interior (`_interior`)."""
+        k = self.k
+        where = ravel(vars_, k.shape)
+
+        def run(start: int, stop: int, body: KExpr) -> None:
+            cands = reduces(body)
+
+            def element(i: ir.Value, _a: list) -> list:
+                self.scope.bind(vars_[-1].name, i)
+                self.hoist(cands)
+                self.store(k.out, where, self.emit(body), body.dtype)
+                return []
+            if start < stop:
+                self.loop(i64(start), i64(stop), [], element)
+        run(0, lo, k.body)
+        run(lo, hi + 1, inner)
+        run(hi + 1, k.shape[-1], k.body)
 
     def _padded_row(self, vars_: list[Var], outer: Expr, lo: int, hi: int, x: KExpr) -> None:
         k, b = self.k, self.b
@@ -414,6 +465,33 @@ class KernelEmitter:
 
 
 # --- index arithmetic: i64, never wrapping -------------------------------------------------------
+
+def _masks(e: KExpr) -> list[Expr]:
+    """The conditions e's loads and selects depend on."""
+    return [x.valid if isinstance(x, Load) else x.expr for x in walk(e)
+            if isinstance(x, Load) or isinstance(x, Index) and x.dtype is DType.bool]
+
+
+def _holds_for(atom: Expr, var: str, lo: int, hi: int) -> tuple[int, int] | None:
+    """The part of lo..hi where `a < b` (atom) holds for every value of its other variables, as
+    (lo, hi); None when atom is no comparison linear in var."""
+    if not (isinstance(atom, BinOp) and atom.op == "<"):
+        return None
+    coef, rest = 0, []
+    for c, x in terms(atom.b - atom.a):  # holds where coef * var + rest >= 1
+        if isinstance(x, Var) and x.name == var:
+            coef += c
+        elif x is not None and var in variables(x):
+            return None
+        else:
+            rest.append(Num(c) if x is None else x * c)
+    least = bounds(sum(rest, Num(0)))[0]
+    if coef > 0:
+        return max(lo, -((least - 1) // coef)), hi  # var >= ceil((1 - least) / coef)
+    if coef < 0:
+        return lo, min(hi, (least - 1) // -coef)  # var <= floor((least - 1) / -coef)
+    return None
+
 
 def _tree_ops(e: KExpr) -> int:
     """Nodes of e as a tree, a reduce's body counted once per term: its size unrolled."""
