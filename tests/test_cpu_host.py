@@ -192,3 +192,20 @@ def test_sixteen_lane_gemm_compiles_to_zmm_for_avx512():
     tm8 = _x86_machine("haswell", "+avx2,+avx,+fma,+sse4.2")
     asm8 = tm8.emit_assembly(llvm.parse_assembly(build_module(code8, plan8, lanes=8).text()))
     assert "ymm" in asm8 and "zmm" not in asm8
+
+
+def test_kernel_functions_compile_once_per_process():
+    """A kernel's code is compiled once (jit.kernel_code): a second executable of the same model
+    (lowered and grouped again) optimises nothing again, and runs the same."""
+    from eclat.backends.cpu import jit
+
+    torch.manual_seed(0)
+    program = _program(Block().eval(), (torch.randn(2, 3, 8, 8),))
+    first = CpuExecutable(program)
+    compiled = len(jit._code)
+    torch.manual_seed(0)
+    again = _program(Block().eval(), (torch.randn(2, 3, 8, 8),))
+    second = CpuExecutable(again)
+    assert len(jit._code) == compiled and set(second.module.kernels) == set(first.module.kernels)
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(first.run([x])[0], second.run([x])[0])

@@ -435,24 +435,35 @@ class ContractionEmitter(KernelEmitter):
 
     def _epilogue(self, c: Contraction, tile: ir.Value, m0: ir.Value, n0: ir.Value, mr: int, nr: int,
                   m_size: int, n_size: int) -> None:
+        """The kernel's body per element of the tile, its sum taken from the accumulators: over a
+        whole tile in loops of known length that vectorise, over an edge tile element by element."""
         bb = self.b
         rows = bb.sub(i64(m_size), m0)
-        rows = bb.select(bb.icmp_signed("<", rows, i64(mr)), rows, i64(mr))
         cols = bb.sub(i64(n_size), n0)
-        cols = bb.select(bb.icmp_signed("<", cols, i64(nr)), cols, i64(nr))
-        vars_ = axis_vars(self.k.shape)
+        whole = bb.and_(bb.icmp_signed(">=", rows, i64(mr)), bb.icmp_signed(">=", cols, i64(nr)))
+        k = self.k
+        where = ravel(axis_vars(k.shape), k.shape)
 
-        def row(r: ir.Value, _a: list) -> list:
-            if c.m_axis is not None:
-                self.scope.bind(f"i{c.m_axis}", bb.add(m0, r))
+        def elements(rows: ir.Value, cols: ir.Value, hint: bool) -> None:
+            def row(r: ir.Value, _a: list) -> list:
+                if c.m_axis is not None:
+                    self.scope.bind(f"i{c.m_axis}", bb.add(m0, r))
 
-            def col(cc: ir.Value, _b: list) -> list:
-                self.scope.bind(f"i{c.n_axis}", bb.add(n0, cc))
-                at = bb.add(bb.mul(r, i64(nr)), cc)
-                acc = bb.load(bb.gep(tile, [at], source_etype=F32), typ=F32)
-                self.scope.remember(c.reduce, acc)
-                self.store(self.k.out, ravel(vars_, self.k.shape), self.emit(self.k.body), self.k.body.dtype)
+                def col(cc: ir.Value, _b: list) -> list:
+                    self.scope.bind(f"i{c.n_axis}", bb.add(n0, cc))
+                    at = bb.add(bb.mul(r, i64(nr)), cc)
+                    acc = bb.load(bb.gep(tile, [at], source_etype=F32), typ=F32)
+                    self.scope.remember(c.reduce, acc)
+                    self.store(k.out, where, self.emit(k.body), k.body.dtype)
+                    return []
+                self.loop(i64(0), cols, [], col, hint=hint)
                 return []
-            self.loop(i64(0), cols, [], col)
-            return []
-        self.loop(i64(0), rows, [], row)
+            self.loop(i64(0), rows, [], row)
+
+        with bb.if_else(whole) as (then, otherwise):
+            with then:
+                elements(i64(mr), i64(nr), hint=True)
+            with otherwise:
+                rows = bb.select(bb.icmp_signed("<", rows, i64(mr)), rows, i64(mr))
+                cols = bb.select(bb.icmp_signed("<", cols, i64(nr)), cols, i64(nr))
+                elements(rows, cols, hint=False)
