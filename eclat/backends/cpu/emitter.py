@@ -427,7 +427,7 @@ class KernelEmitter:
     def reduce(self, r: Reduce) -> ir.Value:
         cands = reduces(r.body)
         op = COMBINE[r.op]
-        if r.size <= UNROLL_REDUCE or r.size * _tree_ops(r.body) <= UNROLL_OPS:
+        if r.size <= UNROLL_REDUCE or r.size * _tree_ops(r.body, UNROLL_OPS // r.size) <= UNROLL_OPS:
             # a pooling window, a filter's taps: straight-line code keeps the outer loop vectorisable
             acc = identity(r.op, r.dtype)
             for j in range(r.size):
@@ -493,11 +493,17 @@ def _holds_for(atom: Expr, var: str, lo: int, hi: int) -> tuple[int, int] | None
     return None
 
 
-def _tree_ops(e: KExpr) -> int:
-    """Nodes of e as a tree, a reduce's body counted once per term: its size unrolled."""
+def _tree_ops(e: KExpr, limit: int) -> int:
+    """Nodes of e as a tree, a reduce's body counted once per term (its size unrolled), counted no
+    further than limit + 1: a deep fused DAG is exponentially large as a tree."""
     if isinstance(e, Reduce):
-        return e.size * _tree_ops(e.body)
-    return 1 + sum(_tree_ops(c) for c in children(e))
+        return min(limit + 1, e.size * _tree_ops(e.body, limit // e.size))
+    total = 1
+    for c in children(e):
+        if total > limit:
+            break
+        total += _tree_ops(c, limit - total)
+    return min(total, limit + 1)
 
 
 def _nsw(v: ir.Instruction) -> ir.Instruction:

@@ -94,6 +94,7 @@ def _optimised(text: str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
 
 CODE_CACHE_BYTES = 256 << 20  # compiled kernel functions kept in this process, least recently used out
 _code: OrderedDict[str, tuple[bytes, str]] = OrderedDict()  # IR digest -> (object code, optimised IR)
+_code_bytes = 0  # what _code holds
 _code_lock = threading.Lock()
 
 
@@ -111,12 +112,14 @@ def kernel_code(module: ir.Module) -> tuple[bytes, str]:
             return _code[key]
     mod = _optimised(text, tm)
     code = (bytes(tm.emit_object(mod)), str(mod))
+    global _code_bytes
     with _code_lock:
-        _code[key] = code
-        total = sum(len(o) + len(t) for o, t in _code.values())
-        while total > CODE_CACHE_BYTES and len(_code) > 1:
+        if key not in _code:
+            _code[key] = code
+            _code_bytes += len(code[0]) + len(code[1])
+        while _code_bytes > CODE_CACHE_BYTES and len(_code) > 1:
             o, t = _code.popitem(last=False)[1]
-            total -= len(o) + len(t)
+            _code_bytes -= len(o) + len(t)
     return code
 
 
