@@ -236,7 +236,7 @@ def rewrite(e: KExpr, nodes: dict[KExpr, KExpr] | None = None,
     return go(e)
 
 
-def indices(e: KExpr) -> list[Expr]:
+def _indices(e: KExpr) -> list[Expr]:
     """Every index, validity and mask expression of e."""
     out: list[Expr] = []
     for x in walk(e):
@@ -271,7 +271,7 @@ def coalesce(kernel: Kernel) -> Kernel:
     shape = list(kernel.shape)
     if len(shape) < 2 or kernel.sides:
         return kernel
-    exprs = indices(kernel.body)
+    exprs = _indices(kernel.body)
     kept = [d for d, n in enumerate(shape) if n != 1] or [len(shape) - 1]  # unit axes read as 0
     groups = [[kept[-1]]]  # runs of merged axes, innermost last
     for d in reversed(kept[:-1]):
