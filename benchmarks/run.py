@@ -164,18 +164,21 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 10, sli
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
-def main(argv: list[str] | None = None, workloads: list[Workload] | None = None) -> None:
+def main(argv: list[str] | None = None, workloads: list[Workload] | None = None,
+         peers: dict[str, Callable] | None = None, default_peers: str = "eager,torch.compile,onnxruntime"
+         ) -> None:
+    """peers: runners beside run.py's own (name -> (model, inputs, threads) -> callable)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated workload names")
-    ap.add_argument("--peers", default="eager,torch.compile,onnxruntime")
+    ap.add_argument("--peers", default=default_peers)
     ap.add_argument("--autotune", default="fast", choices=["none", "fast", "full"])
     ap.add_argument("--out", help="also write the markdown table to this file")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     runners = {"eclat": make_eclat_runner(args.autotune), "eager": run_eager,
-               "torch.compile": run_torch_compile, "onnxruntime": run_onnxruntime}
+               "torch.compile": run_torch_compile, "onnxruntime": run_onnxruntime, **(peers or {})}
     names = ["eclat"] + [p for p in args.peers.split(",") if p]
     chosen = [w for w in workloads or WORKLOADS if not args.only or w.name in args.only.split(",")]
 

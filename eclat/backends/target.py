@@ -61,6 +61,9 @@ class Section:
 class Target:
     name: str = ""
     source_member: str = ""  # the artifact member holding the kernel source
+    # composites it runs as one kernel of their own (compiler.group): "attention", a softmax
+    # contracted with values without writing the scores
+    fused: frozenset[str] = frozenset()
 
     def rules(self) -> tuple[Any, ...]:
         """Rewrite rule sets (eclat.rewrites.lang.RuleSet) that join the e-graph for this target only."""

@@ -19,6 +19,10 @@ for a kernel boundary), a gather table, or when inlining would recompute real wo
   * a matmul, with the elementwise ops after it, that a masked view reads (zero padding
     for the next convolution or a pooling): `_products_before_masks`.
 
+For a target that runs attention in one kernel (`fused`), a softmax that only a matmul reads along
+its own axis, over scores made by one contraction and elementwise ops (scale, mask, bias,
+soft-capping), becomes one `attend` kernel (kernel.attention_body) that never writes the scores.
+
 These rules are applied until nothing changes. Weights become constant buffers.
 """
 
@@ -33,7 +37,7 @@ import numpy as np
 
 from ..errors import EclatError
 from ..ir.dtypes import DType
-from ..ir.graph import OPS, Graph, Node, decompose_composites
+from ..ir.graph import OPS, Graph, Node, decompose_composites, movement
 from ..ir.symbolic import (
     Expr,
     Num,
@@ -46,8 +50,9 @@ from ..ir.symbolic import (
     mod,
     terms,
     to_expr,
+    variables,
 )
-from ..ir.view import contiguous_strides
+from ..ir.view import View, contiguous_strides
 from .kernel import (
     OP_COST,
     Buffer,
@@ -60,6 +65,7 @@ from .kernel import (
     Op,
     Program,
     Reduce,
+    attention_body,
     axis_vars,
     children,
     coalesce,
@@ -74,16 +80,19 @@ NATIVE_COMPOSITES = {"fma"}  # composite ops the kernel IR has natively
 _COMPUTE_KINDS = {"unary", "binary", "ternary", "reduce", "gather", "composite"}
 
 
-def group(graph: Graph) -> Program:
-    """Lower a primitive graph (composites allowed) to kernels over flat buffers."""
-    keep = {op for op in NATIVE_COMPOSITES if op in OPS}
+def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
+    """Lower a primitive graph (composites allowed) to kernels over flat buffers. fused: the
+    composites the target runs as one kernel of their own ("attention")."""
+    if "attention" in fused:
+        graph = _fused_attention(graph)
+    keep = {op for op in NATIVE_COMPOSITES | {"attend"} if op in OPS}
     graph = decompose_composites(_products_before_masks(graph), keep=keep)
     nodes = graph.nodes()
     for n in nodes:
         if any(as_int(d) is None for d in n.shape):
             raise EclatError(f"{n.op} has symbolic shape {list(n.shape)}: specialise the graph first")
     forced = {id(n.srcs[0]) for n in nodes if n.op == "gather"}
-    forced |= {id(n) for n in nodes if n.op == "contiguous"}
+    forced |= {id(n) for n in nodes if n.op in ("contiguous", "attend")}
     forced |= {id(o) for o in graph.outputs}
     chosen = _contractions_under_reduces(graph, nodes, forced)
     # the first attempt fuses all it can: through a deep model (a 12-layer decode step) its
@@ -127,9 +136,149 @@ def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int
             seen.add(id(n))
             if n.kind == "reduce":
                 seed |= {id(n)} & contraction
-            elif n.kind in ("unary", "binary", "ternary", "composite", "view"):
+            elif n.kind in ("unary", "binary", "ternary", "composite", "view") and n.op != "attend":
                 stack.extend(n.srcs)
     return seed
+
+
+def _fused_attention(graph: Graph) -> Graph:
+    """graph with every matmul(view(softmax(x)), v) whose softmax nothing else reads, whose view
+    reads the softmax's axis as the product's, and whose x is one contraction (or none) under
+    elementwise ops and plain views, as attend(x, v): one kernel, the scores never written. The
+    operands of x's contraction and v become buffers (`contiguous`) where they are computed. A
+    product may be a matmul or the sum of a product it decomposes into (decode's one-row ones)."""
+    composites = {op for op, d in OPS.items() if d.kind == "composite"} - {"attention"}
+    graph = decompose_composites(graph, keep=composites)
+    nodes = graph.nodes()
+    users: dict[int, int] = {}
+    for n in nodes:
+        for s in set(map(id, n.srcs)):
+            users[s] = users.get(s, 0) + 1
+    new: dict[int, Node] = {}
+    for n in nodes:
+        srcs = [new[id(s)] for s in n.srcs]
+        out = None
+        if n.op == "matmul":
+            out = _attend(tuple(n.srcs), tuple(srcs), users)
+        elif (product := _sum_as_matmul(n, srcs)) is not None:
+            out = _attend(product[2:], product[:2], users)
+        if out is None:
+            same = all(a is b for a, b in zip(srcs, n.srcs))
+            out = n if same else Node(n.op, srcs, n.arg, n.shape, n.dtype)
+        new[id(n)] = out
+    return dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs])
+
+
+def _sum_as_matmul(n: Node, srcs: list[Node]) -> tuple[Node, Node, Node, Node] | None:
+    """For a sum over the last axis of a product of two plain views, a matmul as it decomposes
+    (a [*B, M, K] expanded along N, b [*B, K, N] along M): (a, b, and the two views as they were
+    before rebuilding); None for any other node."""
+    if n.op != "sum" or srcs[0].op != "mul" or len(n.srcs[0].shape) < 3 or n.arg != len(n.srcs[0].shape) - 1:
+        return None
+    va, vb = srcs[0].srcs
+    if not all(x.op == "view" and x.arg.mask is None for x in (va, vb)):
+        return None
+    *batch, m, cols, k = (int(d) for d in srcs[0].shape)
+    sa, sb = va.arg.strides, vb.arg.strides
+    if not ((cols == 1 or sa[-2] == 0) and (m == 1 or sb[-3] == 0)):
+        return None
+    nb = len(batch)
+    a = Node("view", (va.srcs[0],), View.make((*batch, m, k), (*sa[:nb], sa[-3], sa[-1]), va.arg.offset),
+             (*batch, m, k), va.dtype)
+    b = Node("view", (vb.srcs[0],), View.make((*batch, k, cols), (*sb[:nb], sb[-1], sb[-2]), vb.arg.offset),
+             (*batch, k, cols), vb.dtype)
+    return a, b, *n.srcs[0].srcs
+
+
+def _attend(olds: tuple[Node, ...], news: tuple[Node, ...], users: dict[int, int]) -> Node | None:
+    """attend(x, v) for the product of news (olds: the operands before rebuilding, which `users`
+    counts), or None where it is not one. The product written transposed, v^T p^T, is attend(x, v)
+    transposed."""
+    out = _attend_of(olds[0], news[0], news[1], users)
+    if out is not None:
+        return out
+    last = len(news[0].shape) - 1
+    swap = lambda x: movement(x, lambda w: w.permute((*range(last - 1), last, last - 1)))
+    out = _attend_of(olds[1], swap(news[1]), swap(news[0]), users)
+    return None if out is None else swap(out)
+
+
+def _attend_of(old: Node, lhs: Node, v: Node, users: dict[int, int]) -> Node | None:
+    """attend(x, v) for matmul(lhs, v), lhs a softmax or a view of one (old: the operand before
+    rebuilding, whose readers `users` counts)."""
+    sm = lhs.srcs[0] if lhs.op == "view" else lhs
+    if sm.op != "softmax" or users[id(old)] != 1 or old.op == "view" and users[id(old.srcs[0])] != 1:
+        return None
+    axis, safe = sm.arg
+    x = sm.srcs[0]
+    vp = lhs.arg if lhs.op == "view" else View.contiguous(tuple(lhs.shape))
+    idxs = axis_vars(tuple(int(d) for d in lhs.shape))
+    flat, valid = vp.index(idxs)
+    at = unravel(flat, [int(d) for d in x.shape])
+    j = idxs[-1].name
+    if to_expr(valid) != Num(1) or at[axis] != idxs[-1] or \
+            any(j in variables(e) for a, e in enumerate(at) if a != axis):
+        return None
+    products = _score_products(x)
+    if products is None:
+        return None
+    swap = {id(p): _buffered_operands(p) for p in products}
+    v = _buffered(v)  # as rewrites.composites.attend makes it (importing it would need egglog)
+    shape = (*lhs.shape[:-1], v.shape[-1])
+    return Node("attend", (_substituted(x, swap), v), (axis, vp, safe), shape, x.dtype)
+
+
+def _score_products(x: Node) -> list[Node] | None:
+    """The products x computes (at most one: a matmul or the sum it decomposes into), through
+    elementwise ops and unmasked views down to leaves and buffers; None where x is anything else
+    (another reduction, a gather, a padded view)."""
+    products, stack, seen = [], [x], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n.op in ("input", "weight", "const", "iota", "contiguous"):
+            continue
+        seen.add(id(n))
+        if n.op == "matmul" or _sum_as_matmul(n, list(n.srcs)) is not None:
+            products.append(n)
+        elif n.kind in ("unary", "binary", "ternary") or n.op == "fma" or \
+                n.kind == "view" and n.arg.mask is None:
+            stack.extend(n.srcs)
+        else:
+            return None
+    return products if len(products) <= 1 else None
+
+
+def _buffered_operands(p: Node) -> Node:
+    """The product p (a matmul, or a sum of a product of two views) reading its operands from buffers."""
+    if p.op == "matmul":
+        return Node("matmul", tuple(_buffered(s) for s in p.srcs), p.arg, p.shape, p.dtype)
+    prod = p.srcs[0]
+    prod = Node("mul", tuple(_buffered(s) for s in prod.srcs), prod.arg, prod.shape, prod.dtype)
+    return Node("sum", (prod,), p.arg, p.shape, p.dtype)
+
+
+def _buffered(n: Node) -> Node:
+    """n read from a buffer: a leaf, a buffer, or a view of one as it is; else through `contiguous`."""
+    src = n.srcs[0] if n.op == "view" else n
+    if src.op in ("input", "weight", "const", "contiguous"):
+        return n
+    copy = Node("contiguous", (src,), None, src.shape, src.dtype)
+    return Node("view", (copy,), n.arg, n.shape, n.dtype) if n.op == "view" else copy
+
+
+def _substituted(root: Node, swap: dict[int, Node]) -> Node:
+    """root with the nodes in swap (by id) replaced, rebuilding what reads them."""
+    memo: dict[int, Node] = {}
+
+    def go(n: Node) -> Node:
+        if id(n) in swap:
+            return swap[id(n)]
+        if id(n) not in memo:
+            srcs = [go(s) for s in n.srcs]
+            same = all(a is b for a, b in zip(srcs, n.srcs))
+            memo[id(n)] = n if same else Node(n.op, tuple(srcs), n.arg, n.shape, n.dtype)
+        return memo[id(n)]
+    return go(root)
 
 
 def _products_before_masks(graph: Graph) -> Graph:
@@ -269,6 +418,7 @@ class _Grouping:
         self.origin: dict[KExpr, Node] = {}
         self.occurrences: dict[int, set[tuple[int, KExpr]]] = {}
         self._memo: dict = {}
+        self._quiet = False  # building an attend kernel's scores: never materialised, so not recorded
         for k, n in enumerate(graph.inputs):
             self._leaf_buffer(n, f"in{k}_{n.arg}" if isinstance(n.arg, str) else f"in{k}", "input")
         for n in nodes:
@@ -334,7 +484,7 @@ class _Grouping:
         else:
             out = self._memo[key] = self._build(n, idxs, guard)
         self._ops.add(n.op)
-        if n.kind in _COMPUTE_KINDS:
+        if n.kind in _COMPUTE_KINDS and not self._quiet:
             self.origin.setdefault(out, n)
             self.occurrences.setdefault(id(n), set()).add((self._kid, out))
         return out
@@ -347,6 +497,8 @@ class _Grouping:
             return Const(n.arg[0], n.dtype)
         if n.op == "iota":
             return Index(idxs[0], n.dtype)
+        if n.op == "attend":
+            return self._attend(n, idxs, guard)
         if kind == "view":
             v = n.arg
             flat, valid = v.index(idxs)
@@ -379,6 +531,20 @@ class _Grouping:
         if kind == "contiguous":
             return self.value(n.srcs[0], idxs, guard)
         raise EclatError(f"no kernel lowering for op {n.op!r} (kind {kind})")
+
+    def _attend(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
+        (x, v), (_, vp, safe) = n.srcs, n.arg
+        size = int(v.shape[-2])
+        first = len(self.nodes) + 3 * self.topo[id(n)]  # reduce variables no graph node names
+        j = Var(f"r{first}", 0, max(size - 1, 0))
+        flat, _ = vp.index(idxs[:-1] + (j,))
+        self._quiet = True
+        try:
+            score = self.value(x, unravel(flat, [int(d) for d in x.shape]), guard)
+        finally:
+            self._quiet = False
+        value = self.value(v, idxs[:-2] + (j, idxs[-1]), guard)
+        return attention_body(score, value, j, size, safe, (f"r{first + 1}", f"r{first + 2}"))
 
     # --- materialisation decisions -----------------------------------------------------------
     def offenders(self) -> set[int]:

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtypes import DType
+from ..ir.graph import LOG2E
 from ..ir.symbolic import Expr, Num, Var, as_int, assume, map_vars, terms, variables
 from .quantize import FORMATS
 
@@ -415,6 +416,78 @@ def as_contraction(kernel: Kernel) -> Contraction | None:
             m_axis = k
             break
     return Contraction(r, a, b, m_axis, n_axis)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A softmax along a reduce axis contracted with values along the same axis, in one kernel:
+    out = sum_j exp(x_j - max x) * v_j / sum_j exp(x_j - max x) (0 for a row of -inf when safe).
+    x is the score at var (any elementwise function of one contraction and loads: scale, mask,
+    bias, soft-capping); v the value at var, read along the kernel's last axis; score the
+    contraction inside x (None when x only loads). Built by `attention_body`, recognised by
+    `as_attention`: the form a backend runs in one pass over the keys (online softmax)."""
+
+    x: KExpr
+    v: KExpr
+    var: Var
+    size: int
+    score: Reduce | None
+    safe: bool
+    scale: float = LOG2E
+
+
+def attention_body(x: KExpr, v: KExpr, var: Var, size: int, safe: bool, names: tuple[str, str]) -> KExpr:
+    """The kernel body of an Attention: x and v read at var (0..size-1); names: the variables of the
+    row sum and the weighted sum (the max runs over var itself)."""
+    dt = x.dtype
+    m = Reduce("max_reduce", size, var, x, dt)
+
+    def at(e: KExpr, name: str) -> KExpr:
+        to = Var(name, 0, size - 1)  # the max inside e stays over var
+        return rewrite(e, {m: m}, index=lambda i: map_vars(i, lambda w: to if w.name == var.name else w))
+
+    shifted = Op("add", (x, Op("neg", (m,), dt)), dt)
+    e = Op("exp2", (Op("mul", (shifted, Const(LOG2E, dt)), dt),), dt)
+    total = Reduce("sum", size, Var(names[0], 0, size - 1), at(e, names[0]), dt)
+    term = Op("mul", (at(e, names[1]), at(v, names[1])), dt)
+    weighted = Reduce("sum", size, Var(names[1], 0, size - 1), term, dt)
+    out = Op("mul", (weighted, Op("recip", (total,), dt)), dt)
+    if not safe:
+        return out
+    # a row of -inf throughout (max -inf: not above -inf, below +inf) gives 0, as a safe softmax does
+    below = lambda a, b: Op("lt", (a, b), DType.bool)
+    dead = Op("where", (below(Const(-math.inf, dt), m), Const(False, DType.bool),
+                        below(m, Const(math.inf, dt))), DType.bool)
+    return Op("where", (dead, Const(0.0, dt), out), dt)
+
+
+def as_attention(kernel: Kernel) -> Attention | None:
+    """The Attention kernel.body is, as attention_body builds it; None for any other body."""
+    body, safe = kernel.body, False
+    if isinstance(body, Op) and body.op == "where" and isinstance(body.srcs[2], Op):
+        body, safe = body.srcs[2], True
+    if not (isinstance(body, Op) and body.op == "mul" and isinstance(body.srcs[0], Reduce)
+            and isinstance(body.srcs[1], Op) and body.srcs[1].op == "recip"):
+        return None
+    weighted, total = body.srcs[0], body.srcs[1].srcs[0]
+    if not (isinstance(weighted.body, Op) and weighted.body.op == "mul" and isinstance(total, Reduce)):
+        return None
+    e, v = weighted.body.srcs
+    shift = e.srcs[0].srcs[0] if isinstance(e, Op) and e.op == "exp2" and isinstance(e.srcs[0], Op) else None
+    if not (isinstance(shift, Op) and shift.op == "add" and isinstance(shift.srcs[1], Op)
+            and isinstance(shift.srcs[1].srcs[0], Reduce)):
+        return None
+    m = shift.srcs[1].srcs[0]
+    name = weighted.var.name
+    back = lambda e: rewrite(e, index=lambda i: map_vars(i, lambda w: m.var if w.name == name else w))
+    x, v = back(shift.srcs[0]), back(v)
+    candidate = attention_body(x, v, m.var, m.size, safe, (total.var.name, weighted.var.name))
+    if candidate != kernel.body or kernel.shape[-1:] and f"i{len(kernel.shape) - 1}" in free_vars(x):
+        return None
+    inner = reduces(x)
+    if len(inner) > 1 or (inner and inner[0].op != "sum"):
+        return None
+    return Attention(x, v, m.var, m.size, inner[0] if inner else None, safe)
 
 
 # --- estimates --------------------------------------------------------------------------------

@@ -228,7 +228,7 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any,
     for n, cand in enumerate(candidates):
         try:
             with phase("group"):
-                program = group(cand)
+                program = group(cand, target.fused)
                 for kern in program.kernels:
                     kern.schedule = target.default_schedule(kern, threads)
         except Exception as e:  # a broken candidate must not take the compile down

@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
-from eclat.ir.graph import Node
+from eclat.ir.graph import LOG2E, Node
 from eclat.ir.symbolic import BinOp, Expr, Num, Var, as_int, prod, sint, sym_eq
 
 Scalar = bool | int | float
 Value = Node | Scalar | Expr  # an Expr is a symbolic integer (a size used as a number)
 
-LOG2E, LN2 = 1 / math.log(2), math.log(2)
+LN2 = math.log(2)
 
 # torch's promotion order within the IR's dtypes (float16 + bfloat16 -> float32 is handled below)
 _RANK = {DType.bool: 0, DType.int32: 1, DType.int64: 2, DType.float16: 3, DType.bfloat16: 3,

@@ -19,6 +19,8 @@ from .dtypes import DType, accumulator, round_bfloat16
 from .symbolic import as_int, sint, sym_eq
 from .view import View
 
+LOG2E = 1.4426950408889634  # exp(x) is exp2(x * LOG2E) in this IR, which has no exp
+
 
 @dataclass(frozen=True)
 class OpDef:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..ir import graph as g
 from ..ir.dtypes import DType, accumulator
-from ..ir.graph import Node
+from ..ir.graph import LOG2E, Node
 from ..ir.interpreter import bind_dims, read_view
 from ..ir.symbolic import sym_eq
 from ..ir.view import View
@@ -81,7 +81,6 @@ g.register("rsqrt", "composite",
            lambda node, x: np.reciprocal(np.sqrt(x, dtype=node.dtype.np), dtype=node.dtype.np),
            decompose=lambda n: g.unary("recip", g.unary("sqrt", n.srcs[0])))
 
-LOG2E = 1.4426950408889634
 
 
 def _keep_expand(t: Node, axis: int, full: tuple) -> tuple[Node, Callable[[Node], Node]]:
@@ -197,6 +196,26 @@ def _attention_numpy(node: Node, q: np.ndarray, kt: np.ndarray, v: np.ndarray, m
     return np.matmul(read_view(p.reshape(-1), vp, env), v).astype(node.dtype.np)
 
 
+def attend(x: Node, v: Node, axis: int, vp: View, safe: bool) -> Node:
+    """matmul(view(softmax(x, axis, safe), vp), v): a softmax contracted with values along its own
+    axis, whatever computed x (grouping makes it, for a target that runs it as one kernel)."""
+    out = matmul(g.view(softmax(x, axis, safe), vp), v)  # checks shapes
+    return Node("attend", (x, v), (axis % len(x.shape), vp, bool(safe)), out.shape, x.dtype)
+
+
+def _decompose_attend(node: Node) -> Node:
+    (x, v), (axis, vp, safe) = node.srcs, node.arg
+    return matmul(g.view(softmax(x, axis, safe), vp), v)
+
+
+def _attend_numpy(node: Node, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+    axis, vp, safe = node.arg
+    env = bind_dims(SimpleNamespace(inputs=node.srcs), [x, v])
+    p = _softmax_numpy(SimpleNamespace(arg=(axis, safe), dtype=node.dtype), x)
+    return np.matmul(read_view(p.reshape(-1), vp, env), v).astype(node.dtype.np)
+
+
+g.register("attend", "composite", _attend_numpy, decompose=_decompose_attend)
 g.register("attention", "composite", _attention_numpy, decompose=_decompose_attention)
 g.register("softmax", "composite", _softmax_numpy,
            decompose=lambda n: _softmax_prims(n.srcs[0], *n.arg))

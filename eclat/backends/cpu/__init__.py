@@ -13,6 +13,7 @@ from ..target import Section, Target
 class CpuTarget(Target):
     name = "cpu"
     source_member = "kernels.ll"
+    fused = frozenset({"attention"})  # attention.py: one pass over the keys, online softmax
 
     def rules(self) -> tuple[Any, ...]:
         from .rules import RULES

@@ -12,6 +12,7 @@ vector unit of `lanes` float32 lanes, the host's unless told (host.vector_lanes(
     codegen      this module: the module, its entry points and the calls into the kernels
     emitter      a generic kernel: loop nests, hoisted reductions, ops from a table
     contraction  a contraction kernel: register-blocked micro-kernel, packed weights
+    attention    a softmax contracted with values: one pass over the keys, online softmax
     scalar       types, constants, casts and binary ops of single values
 """
 
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 import numpy as np
 
-from ...compiler.kernel import Buffer, Kernel, Program, bytes_moved, flops
+from ...compiler.kernel import Buffer, Kernel, Program, as_attention, bytes_moved, flops
 from ...compiler.memplan import MemoryPlan
 from . import host
+from .attention import AttentionEmitter, attention_parts
 from .contraction import PACKED, ContractionEmitter, contraction_of
 from .emitter import KERNEL_TYPE, KernelEmitter
 from .scalar import I8, I32, I64, PTR, i64
@@ -63,7 +65,12 @@ def slots_of(buffers: dict[str, Buffer]) -> list[str]:
 
 def emitter(mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer], packed: dict[str, np.ndarray],
             lanes: int) -> KernelEmitter:
-    """The emitter for kernel: the contraction micro-kernel where it applies, else loops."""
+    """The emitter for kernel: the attention or contraction micro-kernels where they apply, else
+    loops."""
+    att = as_attention(kernel)
+    parts = attention_parts(att, kernel, lanes)
+    if parts is not None:
+        return AttentionEmitter(mod, kernel, buffers, packed, lanes, att, parts)
     c = contraction_of(kernel, buffers)
     if c is not None:
         return ContractionEmitter(mod, kernel, buffers, packed, lanes, c)

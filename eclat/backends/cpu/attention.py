@@ -1,0 +1,362 @@
+"""Attention kernels (kernel.Attention): a softmax over keys contracted with values, in one pass
+over the keys with an online softmax, the scores never written to memory.
+
+For each position of the outer axes above the query rows (a head), the keys go by in blocks of
+BJ: the block's keys are copied transposed into a scratch (d x BJ), then for each block of ROWS
+query rows a register-blocked micro-kernel computes their scores, each row's scores go through
+the score expression (scale, mask, bias, soft-capping: whatever x is), the row's running max,
+rescaled sum and output (kept in the output buffer itself) are updated, and a second micro-kernel
+adds the block's probabilities times its values. The rows are normalised once at the end.
+
+The query rows are the kernel's last outer axis when neither keys nor values read it (prefill);
+otherwise each outer position is one row of its own (decode: one query per head).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import llvmlite.ir as ir
+import numpy as np
+
+from ...compiler.group import ravel
+from ...compiler.kernel import Attention, Buffer, Kernel, Load, Op, axis_vars, free_vars
+from ...ir.dtypes import DType
+from ...ir.symbolic import Num, Var, evaluate, terms
+from ..derived import derived
+from .contraction import PACKED
+from .emitter import KernelEmitter
+from .mathlib import math_function
+from .scalar import F32, I8, I32, i64, intrinsic, store_through, vector_ptr
+
+ROWS = 4  # query rows per micro-kernel block
+SCRATCH_FLOATS = 4096  # a block of keys, transposed: d x BJ floats (16 KB, in L1)
+MAX_STATE_ROWS = 4096  # rows whose running max and sum live on the stack (32 KB)
+MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
+
+
+def attention_parts(att: Attention | None, kernel: Kernel, lanes: int) -> tuple[Load, Load] | None:
+    """(query factor, key factor) of att's score contraction when the CPU kernel runs it: float32,
+    values read as whole vectors along the last axis, a contraction of a query row (no key variable)
+    against a key row (no query-row variable); None otherwise (the generic loops run it)."""
+    if att is None or att.score is None or kernel.body.dtype is not DType.float32:
+        return None
+    last = f"i{len(kernel.shape) - 1}"
+    v = att.v
+    if not (isinstance(v, Load) and v.valid == Num(1) and kernel.shape[-1] % lanes == 0
+            and sum(c for c, a in terms(v.index) if isinstance(a, Var) and a.name == last) == 1):
+        return None
+    body = att.score.body
+    if not (isinstance(body, Op) and body.op == "mul" and all(isinstance(s, Load) and s.valid == Num(1)
+                                                              for s in body.srcs)):
+        return None
+    q, k = body.srcs if att.var.name not in free_vars(body.srcs[0]) else body.srcs[::-1]
+    if att.var.name in free_vars(q) or att.var.name not in free_vars(k) or last in free_vars(k):
+        return None
+    return q, k
+
+
+class AttentionEmitter(KernelEmitter):
+    """Emits an Attention kernel (see the module's docstring)."""
+
+    def __init__(self, mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer],
+                 packed: dict[str, np.ndarray], lanes: int, att: Attention, parts: tuple[Load, Load]):
+        super().__init__(mod, kernel, buffers, packed, lanes)
+        self.att, (self.q_row, self.k_row) = att, parts
+        shape = kernel.shape
+        self.vars_ = axis_vars(shape)
+        outer = list(range(len(shape) - 1))
+        reads = free_vars(self.k_row) | free_vars(att.v)
+        last = outer[-1] if outer else None
+        self.rows_axis = last if last is not None and 1 < shape[last] <= MAX_STATE_ROWS \
+            and self.vars_[last].name not in reads else None
+        self.heads = [a for a in outer if a != self.rows_axis]
+        self.n_rows = shape[self.rows_axis] if self.rows_axis is not None else 1
+        chunk = 2 * lanes  # score columns per micro-kernel step
+        self.bj = max(chunk, min(128, SCRATCH_FLOATS // max(att.score.size, 1)) // chunk * chunk)
+        self.live = self._live_blocks()
+        if self.live is not None:
+            self.arg_names.append(self.live)
+
+    def _live_blocks(self) -> str | None:
+        """A table, per head, block of ROWS query rows and block of keys, of whether any score in
+        it can be above -inf, for scores x = y + mask with the mask a constant (a causal or sliding
+        window mask, a bias with the causal mask in it): a block the mask hides throughout is
+        skipped. (That assumes y finite: an infinite or NaN score under a -inf mask would make
+        the row NaN, as it does in torch.) The table is a packed constant; None when there is no
+        such mask or it hides nothing."""
+        x, k = self.att.x, self.k
+        addends = x.srcs[2:] if isinstance(x, Op) and x.op == "fma" else \
+            x.srcs if isinstance(x, Op) and x.op == "add" else ()
+        masks = [a for a in addends if isinstance(a, Load) and a.valid == Num(1)
+                 and self.buffers[a.buffer].role == "weight" and self.buffers[a.buffer].data is not None]
+        if not masks:
+            return None
+        mask = masks[0]
+        heads = [self.vars_[a] for a in self.heads]
+        sizes = [k.shape[a] for a in self.heads]
+        row = self.vars_[self.rows_axis].name if self.rows_axis is not None else None
+        n_rb, n_jb = -(-self.n_rows // ROWS), -(-self.att.size // self.bj)
+        if math.prod(sizes) * n_rb * n_jb > MAX_TABLE:
+            return None
+        data = np.asarray(self.buffers[mask.buffer].data).reshape(-1)
+
+        def make() -> np.ndarray:
+            table = np.zeros((math.prod(sizes), n_rb, n_jb), np.uint8)
+            grid = {self.att.var.name: np.arange(self.att.size)[None, :]}
+            if row is not None:
+                grid[row] = np.arange(self.n_rows)[:, None]
+            padded = np.full((n_rb * ROWS, n_jb * self.bj), -np.inf, np.float32)
+            for h, at in enumerate(np.ndindex(*sizes)):
+                env = {**grid, **{v.name: int(i) for v, i in zip(heads, at)}}
+                padded[:self.n_rows, :self.att.size] = data[evaluate(mask.index, env)]
+                blocks = padded.reshape(n_rb, ROWS, n_jb, self.bj)
+                table[h] = (blocks > -np.inf).any(axis=(1, 3))
+            return table.reshape(-1)
+        table = derived(data, ("live", str(mask.index), tuple(sizes), self.n_rows, self.att.size, ROWS,
+                               self.bj), make)
+        if table.all():
+            return None
+        name = f"{PACKED}live_{hashlib.sha256(table.tobytes()).hexdigest()[:16]}"
+        self.packed[name] = table
+        self.buffers[name] = Buffer(name, table.size, DType.uint8, "weight", table)
+        self.used.add(name)
+        return name
+
+    def key(self) -> str:
+        return f"{super().key()}|live:{self.live is not None}"  # the table is an argument of the code
+
+    def body(self) -> int:
+        lanes, shape = self.lanes, self.k.shape
+        if 0 in shape:
+            return 0
+        self.vt = ir.VectorType(F32, lanes)
+        self.fma = intrinsic(self.mod, "llvm.fma", self.vt, 3)
+        self.exp2 = math_function(self.mod, "exp2_nonpositive")
+        b, heads = self.b, self.heads
+        self.kt = b.alloca(F32, size=self.att.score.size * self.bj)
+        self.s = b.alloca(F32, size=ROWS * self.bj)
+        self.m = b.alloca(F32, size=self.n_rows)
+        self.l = b.alloca(F32, size=self.n_rows)
+
+        def level(d: int, i: ir.Value, _a: list) -> list:
+            self.scope.bind(self.vars_[heads[d]].name, i)
+            if d + 1 < len(heads):
+                self.loop(i64(0), i64(shape[heads[d + 1]]), [], lambda i2, a: level(d + 1, i2, a))
+            else:
+                self._head()
+            return []
+
+        if not heads:
+            self._head()  # one head: the whole kernel is one slice of length 1
+            return 1
+        self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(0, i, a), hint=False)
+        return shape[heads[0]]
+
+    # --- one head: every query row against every key ---------------------------------------------
+    def _head(self) -> None:
+        b, att = self.b, self.att
+        n_rows, size, bj = self.n_rows, att.size, self.bj
+        dv = self.k.shape[-1]
+
+        def init(r: ir.Value, _a: list) -> list:
+            store_through(b, ir.Constant(F32, -math.inf), b.gep(self.m, [r], source_etype=F32))
+            store_through(b, ir.Constant(F32, 0.0), b.gep(self.l, [r], source_etype=F32))
+            self._on_row(r, lambda: self.loop(i64(0), i64(dv), [], lambda e, _b: self._out(r, e, None) or []))
+            return []
+        self.loop(i64(0), i64(n_rows), [], init, hint=False)
+
+        def block(jb: ir.Value, _a: list) -> list:
+            j0 = b.mul(jb, i64(bj))
+            nb = b.sub(i64(size), j0)
+            nb = b.select(b.icmp_signed("<", nb, i64(bj)), nb, i64(bj))
+            self._pack_keys(j0, nb)
+            whole = n_rows // ROWS
+            blocked = lambda ib, _b: self._live(b.mul(ib, i64(ROWS)), jb, ROWS, j0, nb) or []
+            single = lambda r, _b: self._live(r, jb, 1, j0, nb) or []
+            if whole:
+                self.loop(i64(0), i64(whole), [], blocked, hint=False)
+            if n_rows % ROWS:
+                self.loop(i64(whole * ROWS), i64(n_rows), [], single, hint=False)
+            return []
+        self.loop(i64(0), i64(-(-size // bj)), [], block, hint=False)
+
+        def finish(r: ir.Value, _a: list) -> list:
+            m = b.load(b.gep(self.m, [r], source_etype=F32), typ=F32)
+            inv = b.fdiv(ir.Constant(F32, 1.0), b.load(b.gep(self.l, [r], source_etype=F32), typ=F32))
+            if att.safe:  # a row of -inf throughout gives 0
+                dead = b.fcmp_ordered("==", m, ir.Constant(F32, -math.inf))
+                inv = b.select(dead, ir.Constant(F32, 0.0), inv)
+            self._on_row(r, lambda: self.loop(i64(0), i64(dv), [], lambda e, _b: self._out(r, e, inv) or []))
+            return []
+        self.loop(i64(0), i64(n_rows), [], finish, hint=False)
+
+    def _live(self, r0: ir.Value, jb: ir.Value, nr: int, j0: ir.Value, nb: ir.Value) -> None:
+        """_rows, unless the live-block table says the mask hides the block throughout."""
+        if self.live is None:
+            self._rows(r0, nr, j0, nb)
+            return
+        b = self.b
+        n_rb, n_jb = -(-self.n_rows // ROWS), -(-self.att.size // self.bj)
+        head = self.sym(ravel([self.vars_[a] for a in self.heads], [self.k.shape[a] for a in self.heads]))
+        at = b.add(b.mul(b.add(b.mul(head, i64(n_rb)), b.sdiv(r0, i64(ROWS))), i64(n_jb)), jb)
+        flag = b.load(b.gep(self.ptr[self.live], [at], source_etype=I8), typ=I8)
+        with b.if_then(b.icmp_signed("!=", flag, ir.Constant(I8, 0))):
+            self._rows(r0, nr, j0, nb)
+
+    def _on_row(self, r: ir.Value, fn) -> None:
+        with self.scope.nested():
+            if self.rows_axis is not None:
+                self.scope.bind(self.vars_[self.rows_axis].name, r)
+            fn()
+
+    def _out(self, r: ir.Value, e: ir.Value, scale: ir.Value | None) -> None:
+        """out[row, e] = 0 (scale None) or out[row, e] * scale."""
+        b = self.b
+        self.scope.bind(self.vars_[-1].name, e)
+        at = b.gep(self.ptr[self.k.out], [self.sym(ravel(self.vars_, self.k.shape))], source_etype=F32)
+        v = ir.Constant(F32, 0.0) if scale is None else b.fmul(b.load(at, typ=F32), scale)
+        b.store(v, at)
+
+    def _pack_keys(self, j0: ir.Value, nb: ir.Value) -> None:
+        """kt[d * BJ + jj] = key(j0 + jj, d) for jj < nb."""
+        b, d_var = self.b, self.att.score.var
+
+        def key(jj: ir.Value, _a: list) -> list:
+            def depth(d: ir.Value, _b: list) -> list:
+                self.scope.bind(d_var.name, d)
+                at = b.gep(self.kt, [b.add(b.mul(d, i64(self.bj)), jj)], source_etype=F32)
+                store_through(b, self.emit(self.k_row), at)
+                return []
+            self.scope.bind(self.att.var.name, b.add(j0, jj))
+            self.loop(i64(0), i64(self.att.score.size), [], depth, hint=False)
+            return []
+        self.loop(i64(0), nb, [], key, hint=False)
+
+    def _splat(self, x: ir.Value) -> ir.Value:
+        b, vt = self.b, self.vt
+        undef = ir.Constant(vt, ir.Undefined)
+        return b.shuffle_vector(b.insert_element(undef, x, i64(0)), undef,
+                                ir.Constant(ir.VectorType(I32, self.lanes), [0] * self.lanes))
+
+    def _vload(self, base: ir.Value, at: ir.Value) -> ir.Value:
+        return self.b.load(vector_ptr(self.b, base, at), typ=self.vt, align=4)
+
+    def _vstore(self, v: ir.Value, base: ir.Value, at: ir.Value) -> None:
+        store_through(self.b, v, vector_ptr(self.b, base, at))
+
+    # --- a block of query rows against a block of keys -----------------------------------------
+    def _rows(self, r0: ir.Value, nr: int, j0: ir.Value, nb: ir.Value) -> None:
+        b, att, lanes, bj = self.b, self.att, self.lanes, self.bj
+        chunk = 2 * lanes
+        rows = [b.add(r0, i64(r)) for r in range(nr)]
+
+        def scores(c: ir.Value, _a: list) -> list:
+            col = b.mul(c, i64(chunk))
+
+            def step(d: ir.Value, accs: list) -> list:
+                self.scope.bind(att.score.var.name, d)
+                kv = [self._vload(self.kt, b.add(b.mul(d, i64(bj)), b.add(col, i64(v * lanes))))
+                      for v in range(2)]
+                out = list(accs)
+                for r in range(nr):
+                    with self.scope.nested():
+                        self._bind_row(rows[r])
+                        qv = self._splat(self.emit(self.q_row))
+                    for v in range(2):
+                        out[2 * r + v] = b.call(self.fma, [qv, kv[v], out[2 * r + v]])
+                return out
+            zeros = [ir.Constant(self.vt, [0.0] * lanes)] * (2 * nr)
+            accs = self.loop(i64(0), i64(att.score.size), zeros, step, hint=False)
+            for r in range(nr):
+                for v in range(2):
+                    self._vstore(accs[2 * r + v], self.s, b.add(i64(r * bj), b.add(col, i64(v * lanes))))
+            return []
+        self.loop(i64(0), b.sdiv(b.add(nb, i64(chunk - 1)), i64(chunk)), [], scores, hint=False)
+        for r in range(nr):
+            self._online(rows[r], r, j0, nb)
+        self._weighted(rows, j0, nb)
+
+    def _bind_row(self, row: ir.Value) -> None:
+        if self.rows_axis is not None:
+            self.scope.bind(self.vars_[self.rows_axis].name, row)
+
+    def _online(self, row: ir.Value, r: int, j0: ir.Value, nb: ir.Value) -> None:
+        """Row r's scores through x, then its running max and sum updated, its probabilities left in
+        the scratch and its output so far rescaled."""
+        b, att = self.b, self.att
+        maxnum = intrinsic(self.mod, "llvm.maxnum", F32, 2)
+        at = lambda jj: b.gep(self.s, [b.add(i64(r * self.bj), jj)], source_etype=F32)
+
+        def score(jj: ir.Value, accs: list) -> list:
+            self._bind_row(row)
+            self.scope.bind(att.var.name, b.add(j0, jj))
+            self.scope.remember(att.score, b.load(at(jj), typ=F32))
+            x = self.emit(att.x)
+            store_through(b, x, at(jj))
+            return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz"))]
+        (top,) = self.loop(i64(0), nb, [ir.Constant(F32, -math.inf)], score)
+        m_at = b.gep(self.m, [row], source_etype=F32)
+        l_at = b.gep(self.l, [row], source_etype=F32)
+        m_old = b.load(m_at, typ=F32)
+        m_new = b.call(maxnum, [m_old, top], fastmath=("nnan", "nsz"))
+        inf = ir.Constant(F32, -math.inf)
+        # a row of -inf so far shifts by 0: its terms are exp2(-inf) = 0, not exp2(NaN)
+        shift = b.select(b.fcmp_ordered("==", m_new, inf), ir.Constant(F32, 0.0), m_new)
+        log2e = ir.Constant(F32, att.scale)
+
+        def prob(jj: ir.Value, accs: list) -> list:
+            p = b.call(self.exp2, [b.fmul(b.fsub(b.load(at(jj), typ=F32), shift), log2e)])
+            store_through(b, p, at(jj))
+            return [b.fadd(accs[0], p)]
+        (total,) = self.loop(i64(0), nb, [ir.Constant(F32, 0.0)], prob)
+        alpha = b.call(self.exp2, [b.fmul(b.fsub(m_old, shift), log2e)])
+        b.store(b.fadd(b.fmul(b.load(l_at, typ=F32), alpha), total), l_at)
+        b.store(m_new, m_at)
+
+        def rescale(e: ir.Value, _a: list) -> list:
+            self._out(row, e, alpha)
+            return []
+        with self.scope.nested():
+            self._bind_row(row)
+            self.loop(i64(0), i64(self.k.shape[-1]), [], rescale)
+
+    def _weighted(self, rows: list[ir.Value], j0: ir.Value, nb: ir.Value) -> None:
+        """out[row, :] += sum over the block's keys of p[row, j] * v[j, :], for each of rows."""
+        b, att, lanes, bj = self.b, self.att, self.lanes, self.bj
+        dv = self.k.shape[-1]
+        nv = next(n for n in (2, 1) if dv % (n * lanes) == 0)
+        e_var = self.vars_[-1].name
+        out = ravel(self.vars_, self.k.shape)
+
+        def cols(c: ir.Value, _a: list) -> list:
+            e0 = b.mul(c, i64(nv * lanes))
+            places = []
+            for row in rows:
+                with self.scope.nested():
+                    self._bind_row(row)
+                    self.scope.bind(e_var, e0)
+                    places.append(self.sym(out))
+
+            def step(jj: ir.Value, accs: list) -> list:
+                with self.scope.nested():
+                    self.scope.bind(att.var.name, b.add(j0, jj))
+                    self.scope.bind(e_var, e0)
+                    start = self.sym(att.v.index)
+                vv = [self._vload(self.ptr[att.v.buffer], b.add(start, i64(v * lanes))) for v in range(nv)]
+                new = list(accs)
+                for r in range(len(rows)):
+                    p_at = b.gep(self.s, [b.add(i64(r * bj), jj)], source_etype=F32)
+                    p = self._splat(b.load(p_at, typ=F32))
+                    for v in range(nv):
+                        new[r * nv + v] = b.call(self.fma, [p, vv[v], new[r * nv + v]])
+                return new
+            accs = [self._vload(self.ptr[self.k.out], b.add(place, i64(v * lanes)))
+                    for place in places for v in range(nv)]
+            accs = self.loop(i64(0), nb, accs, step, hint=False)
+            for r, place in enumerate(places):
+                for v in range(nv):
+                    self._vstore(accs[r * nv + v], self.ptr[self.k.out], b.add(place, i64(v * lanes)))
+            return []
+        self.loop(i64(0), i64(dv // (nv * lanes)), [], cols, hint=False)

@@ -1,0 +1,164 @@
+"""Attention as one kernel (compiler.group's `attend`, kernel.Attention, backends/cpu/attention.py):
+a softmax contracted with values, whatever the scores are made of, run in one pass over the keys
+with an online softmax and checked against torch; no buffer of heads x queries x keys is written."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eclat
+from eclat.backends.cpu.attention import AttentionEmitter
+from eclat.backends.cpu.codegen import emitter
+from eclat.backends.cpu.runtime import CpuExecutable
+from eclat.compiler.group import group
+from eclat.compiler.kernel import Const, Kernel, Load, Op, Reduce, as_attention, attention_body
+from eclat.ir import graph as G
+from eclat.ir.dtypes import DType
+from eclat.ir.interpreter import run
+from eclat.ir.symbolic import Num, Var
+from eclat.rewrites.composites import matmul, softmax
+
+H, D = 2, 16
+
+
+def _masks(t: int, s: int) -> dict[str, torch.Tensor]:
+    i, j = torch.arange(t)[:, None] + (s - t), torch.arange(s)[None, :]
+    causal = torch.where(j <= i, 0.0, -math.inf)
+    slopes = torch.tensor([2.0 ** (-4 * (h + 1)) for h in range(H)])
+    return {"causal": causal, "alibi": causal - slopes[:, None, None] * (i - j).abs(),
+            "window": torch.where((j <= i) & (i - j < 5), 0.0, -math.inf)}
+
+
+class Scores(torch.nn.Module):
+    """softmax(f(q k^T)) v for the score variants the issue names, as people write them."""
+
+    def __init__(self, variant: str, t: int, s: int):
+        super().__init__()
+        self.variant = variant
+        for name, m in _masks(t, s).items():
+            self.register_buffer(name, m)
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if self.variant == "softcap":
+            s = torch.tanh(s / 30) * 30 + self.causal
+        elif self.variant != "plain":
+            s = s + getattr(self, self.variant)
+        return torch.softmax(s, -1) @ v
+
+
+def _check(model: torch.nn.Module, args: tuple, atol: float = 2e-5) -> eclat.CompiledModel:
+    compiled = eclat.compile(model, args, autotune="none", quiet=True, k=1)  # the e-graph's choice
+    want = model(*args).detach().numpy()
+    got = compiled(*args)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=atol, equal_nan=True)
+    return compiled
+
+
+def _attention_kernels(compiled: eclat.CompiledModel) -> list:
+    program = compiled.executable.program
+    return [k for k in program.kernels if as_attention(k) is not None]
+
+
+def _largest_temp(compiled: eclat.CompiledModel) -> int:
+    return max((b.numel for b in compiled.executable.program.buffers.values() if b.role == "temp"), default=0)
+
+
+@pytest.mark.parametrize("variant", ["plain", "causal", "alibi", "window", "softcap"])
+@pytest.mark.parametrize("t", [1, 5, 300])
+def test_score_variants_run_as_one_kernel(variant, t):
+    s = 300
+    torch.manual_seed(t)
+    q, k, v = torch.randn(1, H, t, D), torch.randn(1, H, s, D), torch.randn(1, H, s, D)
+    compiled = _check(Scores(variant, t, s).eval(), (q, k, v))
+    (kern,) = _attention_kernels(compiled)
+    program = compiled.executable.program
+    em = emitter(None, kern, program.buffers, {}, compiled.executable.module.lanes)
+    assert isinstance(em, AttentionEmitter)
+    # blocks of keys the constant mask hides from blocks of query rows throughout are skipped
+    assert (em.live is not None) == (variant != "plain" and t == s or variant == "window")
+    assert _largest_temp(compiled) < H * t * s  # the scores are never written
+
+
+def test_sdpa_with_boolean_mask_gives_zero_on_fully_masked_rows():
+    """torch's scaled_dot_product_attention softmax is safe: a row that masks every key gives 0;
+    torch.softmax of a row of -inf gives NaN, and so must the fused kernel."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, H, 6, D), torch.randn(1, H, 9, D), torch.randn(1, H, 9, D)
+    keep = torch.rand(6, 9) > 0.4
+    keep[2] = False
+
+    class Sdpa(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    compiled = _check(Sdpa().eval(), (q, k, v))
+    assert np.all(np.asarray(compiled(q, k, v))[0, :, 2] == 0)
+
+    class Unsafe(torch.nn.Module):
+        def forward(self, q, k, v):
+            s = (q @ k.transpose(-1, -2)).masked_fill(~keep, -math.inf)
+            return torch.softmax(s, -1) @ v
+
+    compiled = _check(Unsafe().eval(), (q, k, v))
+    assert np.all(np.isnan(np.asarray(compiled(q, k, v))[0, :, 2]))
+
+
+def test_large_logits_and_long_rows():
+    """Scores in the thousands (the running max keeps exp2 in range) over more keys than one block."""
+    torch.manual_seed(1)
+    q, k, v = 40 * torch.randn(1, H, 9, D), 40 * torch.randn(1, H, 300, D), torch.randn(1, H, 300, D)
+    compiled = _check(Scores("plain", 9, 300).eval(), (q, k, v), atol=1e-4)
+    assert _attention_kernels(compiled)
+
+
+def test_decode_one_query_per_head_against_a_long_cache():
+    """One query per head (its products are sums of products in the extracted program)."""
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, 4, 1, 32), torch.randn(1, 4, 333, 32), torch.randn(1, 4, 333, 32)
+
+    class Sdpa(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    assert _attention_kernels(_check(Sdpa().eval(), (q, k, v)))
+
+
+def test_fused_and_unfused_groupings_agree_with_the_interpreter():
+    """The same graph grouped with and without the fused kernel: both match the interpreter, and
+    only the fused one has no scores buffer."""
+    q, k, v = (G.input_(n, (3, 20, 8), DType.float32) for n in "qkv")
+    kt = G.movement(k, lambda w: w.permute((0, 2, 1)))
+    x = G.unary("neg", matmul(q, kt))
+    graph = G.Graph([q, k, v], [matmul(softmax(x, -1), v)], {})
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((3, 20, 8)).astype(np.float32) for _ in range(3)]
+    want = run(graph, arrays)[0]
+    for fused in (frozenset(), frozenset({"attention"})):
+        program = group(graph, fused)
+        temps = [b.numel for b in program.buffers.values() if b.role == "temp"]
+        assert (max(temps, default=0) >= 3 * 20 * 20) == (not fused)
+        got = CpuExecutable(program, 1).run(arrays)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_body_is_recognised_and_nothing_else_is():
+    i0, i1 = Var("i0", 0, 3), Var("i1", 0, 7)
+    j, d = Var("r9", 0, 4), Var("r10", 0, 7)
+    dt = DType.float32
+    product = Op("mul", (Load("q", i0 * 8 + d, Num(1), dt), Load("k", j * 8 + d, Num(1), dt)), dt)
+    score = Reduce("sum", 8, d, product, dt)
+    x = Op("mul", (score, Const(0.5, dt)), dt)
+    v = Load("v", j * 8 + i1, Num(1), dt)
+    for safe in (False, True):
+        body = attention_body(x, v, j, 5, safe, ("r11", "r12"))
+        att = as_attention(Kernel("k", "out", (4, 8), body))
+        assert att is not None and att.safe == safe and att.score == score and att.size == 5
+    broken = Op("mul", (body, Const(2.0, dt)), dt)
+    assert as_attention(Kernel("k", "out", (4, 8), broken)) is None
