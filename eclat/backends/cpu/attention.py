@@ -28,10 +28,10 @@ from ..derived import derived
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function
-from .scalar import F32, I8, I32, i64, intrinsic, store_through, vector_ptr
+from .scalar import F32, I8, I32, binary, i64, intrinsic, store_through, vector_ptr
 
-ROWS = 4  # query rows per micro-kernel block
-SCRATCH_FLOATS = 4096  # a block of keys, transposed: d x BJ floats (16 KB, in L1)
+ROWS = 6  # query rows per micro-kernel block (x 2 vectors: 12 accumulator registers)
+SCRATCH_FLOATS = 8192  # a block of keys, transposed: d x BJ floats (32 KB: L1)
 MAX_STATE_ROWS = 4096  # rows whose running max and sum live on the stack (32 KB)
 MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
 
@@ -75,6 +75,8 @@ class AttentionEmitter(KernelEmitter):
         self.n_rows = shape[self.rows_axis] if self.rows_axis is not None else 1
         chunk = 2 * lanes  # score columns per micro-kernel step
         self.bj = max(chunk, min(128, SCRATCH_FLOATS // max(att.score.size, 1)) // chunk * chunk)
+        # value columns per micro-kernel step: 2 vectors where they divide the row
+        self.vchunk = next(n for n in (2, 1) if shape[-1] % (n * lanes) == 0) * lanes
         self.live = self._live_blocks()
         if self.live is not None:
             self.arg_names.append(self.live)
@@ -136,7 +138,9 @@ class AttentionEmitter(KernelEmitter):
         self.exp2 = math_function(self.mod, "exp2_nonpositive")
         b, heads = self.b, self.heads
         self.kt = b.alloca(F32, size=self.att.score.size * self.bj)
+        self.vp = b.alloca(F32, size=self.k.shape[-1] * self.bj)
         self.s = b.alloca(F32, size=ROWS * self.bj)
+        self.alpha = b.alloca(F32, size=ROWS)
         self.m = b.alloca(F32, size=self.n_rows)
         self.l = b.alloca(F32, size=self.n_rows)
 
@@ -167,11 +171,10 @@ class AttentionEmitter(KernelEmitter):
             return []
         self.loop(i64(0), i64(n_rows), [], init, hint=False)
 
-        def block(jb: ir.Value, _a: list) -> list:
+        def block(jb: ir.Value, nb: ir.Constant) -> None:
+            """Keys jb * BJ .. + nb against every row."""
             j0 = b.mul(jb, i64(bj))
-            nb = b.sub(i64(size), j0)
-            nb = b.select(b.icmp_signed("<", nb, i64(bj)), nb, i64(bj))
-            self._pack_keys(j0, nb)
+            self._pack(j0, nb)
             whole = n_rows // ROWS
             blocked = lambda ib, _b: self._live(b.mul(ib, i64(ROWS)), jb, ROWS, j0, nb) or []
             single = lambda r, _b: self._live(r, jb, 1, j0, nb) or []
@@ -179,8 +182,11 @@ class AttentionEmitter(KernelEmitter):
                 self.loop(i64(0), i64(whole), [], blocked, hint=False)
             if n_rows % ROWS:
                 self.loop(i64(whole * ROWS), i64(n_rows), [], single, hint=False)
-            return []
-        self.loop(i64(0), i64(-(-size // bj)), [], block, hint=False)
+
+        # whole blocks, then the last part: loops of known length over a block's keys vectorise whole
+        self.loop(i64(0), i64(size // bj), [], lambda jb, _a: block(jb, i64(bj)) or [], hint=False)
+        if size % bj:
+            block(i64(size // bj), i64(size % bj))
 
         def finish(r: ir.Value, _a: list) -> list:
             m = b.load(b.gep(self.m, [r], source_etype=F32), typ=F32)
@@ -219,20 +225,41 @@ class AttentionEmitter(KernelEmitter):
         v = ir.Constant(F32, 0.0) if scale is None else b.fmul(b.load(at, typ=F32), scale)
         b.store(v, at)
 
-    def _pack_keys(self, j0: ir.Value, nb: ir.Value) -> None:
-        """kt[d * BJ + jj] = key(j0 + jj, d) for jj < nb."""
-        b, d_var = self.b, self.att.score.var
+    def _pack(self, j0: ir.Value, nb: ir.Value) -> None:
+        """The block's keys and values as panels that the micro-kernels read in order: kt[(c * depth
+        + d) * chunk + w] = key(j0 + c * chunk + w, d), chunk = 2 vectors of keys; vp[(c * BJ + jj) *
+        vchunk + w] = value(j0 + jj, c * vchunk + w), vchunk = the values' columns per step."""
+        b, d_var, lanes = self.b, self.att.score.var, self.lanes
+        chunk, depth = 2 * lanes, self.att.score.size
 
         def key(jj: ir.Value, _a: list) -> list:
-            def depth(d: ir.Value, _b: list) -> list:
+            panel = b.mul(b.sdiv(jj, i64(chunk)), i64(depth * chunk))
+            column = b.srem(jj, i64(chunk))
+
+            def along(d: ir.Value, _b: list) -> list:
                 self.scope.bind(d_var.name, d)
-                at = b.gep(self.kt, [b.add(b.mul(d, i64(self.bj)), jj)], source_etype=F32)
-                store_through(b, self.emit(self.k_row), at)
+                at = b.add(panel, b.add(b.mul(d, i64(chunk)), column))
+                store_through(b, self.emit(self.k_row), b.gep(self.kt, [at], source_etype=F32))
                 return []
             self.scope.bind(self.att.var.name, b.add(j0, jj))
-            self.loop(i64(0), i64(self.att.score.size), [], depth, hint=False)
+            self.loop(i64(0), i64(depth), [], along, hint=False)
             return []
         self.loop(i64(0), nb, [], key, hint=False)
+        vchunk = self.vchunk
+        e_var = self.vars_[-1].name
+
+        def value(jj: ir.Value, _a: list) -> list:
+            for c in range(self.k.shape[-1] // vchunk):
+                with self.scope.nested():
+                    self.scope.bind(self.att.var.name, b.add(j0, jj))
+                    self.scope.bind(e_var, i64(c * vchunk))
+                    start = self.sym(self.att.v.index)
+                to = b.mul(b.add(i64(c * self.bj), jj), i64(vchunk))
+                for v in range(vchunk // lanes):
+                    self._vstore(self._vload(self.ptr[self.att.v.buffer], b.add(start, i64(v * lanes))),
+                                 self.vp, b.add(to, i64(v * lanes)))
+            return []
+        self.loop(i64(0), nb, [], value, hint=False)
 
     def _splat(self, x: ir.Value) -> ir.Value:
         b, vt = self.b, self.vt
@@ -257,8 +284,8 @@ class AttentionEmitter(KernelEmitter):
 
             def step(d: ir.Value, accs: list) -> list:
                 self.scope.bind(att.score.var.name, d)
-                kv = [self._vload(self.kt, b.add(b.mul(d, i64(bj)), b.add(col, i64(v * lanes))))
-                      for v in range(2)]
+                at = b.mul(b.add(b.mul(c, i64(att.score.size)), d), i64(chunk))
+                kv = [self._vload(self.kt, b.add(at, i64(v * lanes))) for v in range(2)]
                 out = list(accs)
                 for r in range(nr):
                     with self.scope.nested():
@@ -284,7 +311,7 @@ class AttentionEmitter(KernelEmitter):
 
     def _online(self, row: ir.Value, r: int, j0: ir.Value, nb: ir.Value) -> None:
         """Row r's scores through x, then its running max and sum updated, its probabilities left in
-        the scratch and its output so far rescaled."""
+        the scratch and the rescaling of its output so far in alpha[r]."""
         b, att = self.b, self.att
         maxnum = intrinsic(self.mod, "llvm.maxnum", F32, 2)
         at = lambda jj: b.gep(self.s, [b.add(i64(r * self.bj), jj)], source_etype=F32)
@@ -309,24 +336,18 @@ class AttentionEmitter(KernelEmitter):
         def prob(jj: ir.Value, accs: list) -> list:
             p = b.call(self.exp2, [b.fmul(b.fsub(b.load(at(jj), typ=F32), shift), log2e)])
             store_through(b, p, at(jj))
-            return [b.fadd(accs[0], p)]
-        (total,) = self.loop(i64(0), nb, [ir.Constant(F32, 0.0)], prob)
+            return [binary(b, "add", [accs[0], p], DType.float32)]  # reassociable: vectorises
+        (total,) = self.loop(i64(0), nb, [ir.Constant(F32, 0.0)], prob, unroll=2)  # 4 would spill
         alpha = b.call(self.exp2, [b.fmul(b.fsub(m_old, shift), log2e)])
         b.store(b.fadd(b.fmul(b.load(l_at, typ=F32), alpha), total), l_at)
         b.store(m_new, m_at)
-
-        def rescale(e: ir.Value, _a: list) -> list:
-            self._out(row, e, alpha)
-            return []
-        with self.scope.nested():
-            self._bind_row(row)
-            self.loop(i64(0), i64(self.k.shape[-1]), [], rescale)
-
+        b.store(alpha, b.gep(self.alpha, [i64(r)], source_etype=F32))  # _weighted rescales the row
     def _weighted(self, rows: list[ir.Value], j0: ir.Value, nb: ir.Value) -> None:
-        """out[row, :] += sum over the block's keys of p[row, j] * v[j, :], for each of rows."""
-        b, att, lanes, bj = self.b, self.att, self.lanes, self.bj
+        """out[row, :] = out[row, :] * alpha[row] + sum over the block's keys of p[row, j] * v[j, :],
+        for each of rows (alpha: the rescaling of the row's sum so far to its new maximum)."""
+        b, lanes, bj = self.b, self.lanes, self.bj
         dv = self.k.shape[-1]
-        nv = next(n for n in (2, 1) if dv % (n * lanes) == 0)
+        nv = self.vchunk // lanes
         e_var = self.vars_[-1].name
         out = ravel(self.vars_, self.k.shape)
 
@@ -340,11 +361,8 @@ class AttentionEmitter(KernelEmitter):
                     places.append(self.sym(out))
 
             def step(jj: ir.Value, accs: list) -> list:
-                with self.scope.nested():
-                    self.scope.bind(att.var.name, b.add(j0, jj))
-                    self.scope.bind(e_var, e0)
-                    start = self.sym(att.v.index)
-                vv = [self._vload(self.ptr[att.v.buffer], b.add(start, i64(v * lanes))) for v in range(nv)]
+                start = b.mul(b.add(b.mul(c, i64(bj)), jj), i64(nv * lanes))
+                vv = [self._vload(self.vp, b.add(start, i64(v * lanes))) for v in range(nv)]
                 new = list(accs)
                 for r in range(len(rows)):
                     p_at = b.gep(self.s, [b.add(i64(r * bj), jj)], source_etype=F32)
@@ -352,8 +370,10 @@ class AttentionEmitter(KernelEmitter):
                     for v in range(nv):
                         new[r * nv + v] = b.call(self.fma, [p, vv[v], new[r * nv + v]])
                 return new
-            accs = [self._vload(self.ptr[self.k.out], b.add(place, i64(v * lanes)))
-                    for place in places for v in range(nv)]
+            alphas = [self._splat(b.load(b.gep(self.alpha, [i64(r)], source_etype=F32), typ=F32))
+                      for r in range(len(rows))]
+            accs = [b.fmul(self._vload(self.ptr[self.k.out], b.add(place, i64(v * lanes))), alphas[r])
+                    for r, place in enumerate(places) for v in range(nv)]
             accs = self.loop(i64(0), nb, accs, step, hint=False)
             for r, place in enumerate(places):
                 for v in range(nv):

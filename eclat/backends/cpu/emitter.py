@@ -138,9 +138,10 @@ class KernelEmitter:
     # --- loops ------------------------------------------------------------------------------
     def loop(self, start: ir.Value, stop: ir.Value, inits: Sequence[ir.Value],
              body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]],
-             hint: bool | None = None) -> list[ir.Value]:
+             hint: bool | None = None, unroll: int | None = None) -> list[ir.Value]:
         """for i in [start, stop): accs = body(i, accs); returns the final accs. hint: whether an
-        innermost loop gets vectoriser hints (default: the emitter's inner_loops)."""
+        innermost loop gets vectoriser hints (default: the emitter's inner_loops); unroll: the
+        vectors it keeps in flight (default: the schedule's)."""
         b = self.b
         pre = b.block
         header = self.fn.append_basic_block("loop")
@@ -164,7 +165,8 @@ class KernelEmitter:
         if (self.inner_loops if hint is None else hint) and not self._nested:
             trip = stop.constant - start.constant if isinstance(start, ir.Constant) and \
                 isinstance(stop, ir.Constant) else None
-            br.set_metadata("llvm.loop", loop_hint(self.mod, self.k.schedule.unroll, self.lanes, trip))
+            count = unroll or self.k.schedule.unroll
+            br.set_metadata("llvm.loop", loop_hint(self.mod, count, self.lanes, trip))
         self._nested = True
         i.add_incoming(nxt, latch)
         for p, v in zip(phis, new):
