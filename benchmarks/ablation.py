@@ -1,9 +1,11 @@
 """What the e-graph buys, workload by workload: each benchmark workload compiled with the rewrites
 off (the lowered graph grouped into kernels directly) and on (the e-graph's candidates, searched),
 both with the same autotuning, timed in turns in one process. With --without merges, "off" is the
-e-graph without its horizontal merge rules (registry.MERGE) instead.
+e-graph without its horizontal merge rules (registry.MERGE) instead; with --without attention, the
+CPU target without its one-kernel attention (Target.fused).
 
-    python benchmarks/ablation.py --threads 1 [--only mlp_b1,llama_step1] [--without merges] [--out x.md]
+    python benchmarks/ablation.py --threads 1 [--only mlp_b1,llama_step1] [--without merges|attention]
+        [--out x.md]
 
 Reports each program's median time, its kernel count and the bytes its kernels move (the
 roofline's count: every buffer a kernel reads or writes, once per kernel).
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from run import WORKLOADS, time_interleaved  # noqa: E402
 
 import eclat  # noqa: E402
-from eclat.backends.cpu import host  # noqa: E402
+from eclat.backends.cpu import CpuTarget, host  # noqa: E402
 from eclat.compiler import pipeline  # noqa: E402
 from eclat.rewrites import registry  # noqa: E402
 
@@ -38,21 +40,24 @@ from eclat.rewrites import registry  # noqa: E402
 def _compile(model: torch.nn.Module, inputs: tuple, target: str, threads: int, autotune: str,
              without: str | None) -> Any:
     """eclat.compile, with the e-graph's candidates replaced by the lowered graph when without is
-    "rewrites", or the merge rules left out when it is "merges" (a cache directory of its own: the
+    "rewrites", the merge rules left out when it is "merges", attention run as separate kernels when it
+    is "attention" (a cache directory of its own: the
     program cache would hand back the other's program). Without rewrites the compiler's own check
     is off (interpreting the lowered graph materialises every broadcast product: 4 GB for
     matmul_1024); main compares its outputs with the other's."""
-    original, merges = pipeline._candidates, registry.MERGE
+    original, merges, fused = pipeline._candidates, registry.MERGE, CpuTarget.fused
     if without == "rewrites":
         pipeline._candidates = lambda graph, target, k, device=None: ([graph], {})
     elif without == "merges":
         registry.MERGE = ()
+    elif without == "attention":
+        CpuTarget.fused = frozenset()
     try:
         with tempfile.TemporaryDirectory() as cache:
             return eclat.compile(model, inputs, target=target, threads=threads, autotune=autotune,
                                  cache_dir=cache, quiet=True, verify=without != "rewrites")
     finally:
-        pipeline._candidates, registry.MERGE = original, merges
+        pipeline._candidates, registry.MERGE, CpuTarget.fused = original, merges, fused
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", default="")
     p.add_argument("--autotune", choices=("none", "fast", "full"), default="fast")
-    p.add_argument("--without", choices=("rewrites", "merges"), default="rewrites")
+    p.add_argument("--without", choices=("rewrites", "merges", "attention"), default="rewrites")
     p.add_argument("--target", default="cpu")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)

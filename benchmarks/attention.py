@@ -3,7 +3,7 @@ its workloads, side by side with torch eager, torch.compile and F.scaled_dot_pro
 (where the variant is expressible), then the bytes the chosen program moves against the program
 without the fused kernel (the same compile with the CPU target's `fused` emptied).
 
-    python benchmarks/attention.py --threads 1 --autotune none [--only causal,alibi] [--bytes]
+    python benchmarks/attention.py --threads 1 --autotune none [--only causal_T2048,alibi_T2048] [--bytes]
 """
 
 from __future__ import annotations
@@ -33,22 +33,32 @@ class Attention(torch.nn.Module):
         i, j = torch.arange(t)[:, None] + (s - t), torch.arange(s)[None, :]
         causal = torch.where(j <= i, 0.0, -math.inf)
         slopes = torch.tensor([2.0 ** (-8 * (h + 1) / HEADS) for h in range(HEADS)])
-        masks = {"plain": torch.zeros(t, s), "causal": causal, "softcap": causal,
-                 "alibi": causal - slopes[:, None, None] * (i - j).abs(),
+        masks = {"plain": torch.zeros(t, s), "causal": causal, "softcap": causal, "alibi": causal,
                  "window": torch.where((j <= i) & (i - j < WINDOW), 0.0, -math.inf)}
         self.register_buffer("mask", masks[variant])
+        # ALiBi's bias is computed from the positions as models do, not stored as heads x t x s
+        self.register_buffer("slopes", slopes[:, None, None])
+        self.register_buffer("distance", (i - j).abs().float())
 
-    def forward(self, q, k, v):
+    def scores(self, q, k):
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         if self.variant == "softcap":
             s = torch.tanh(s / CAP) * CAP
-        return torch.softmax(s + self.mask, -1) @ v
+        if self.variant == "alibi":
+            s = s - self.slopes * self.distance
+        return s + self.mask
+
+    def forward(self, q, k, v):
+        return torch.softmax(self.scores(q, k), -1) @ v
 
     def sdpa(self):
         if self.variant == "softcap":
             raise NotImplementedError("soft-capping is not expressible")
         if self.variant in ("plain", "causal"):
             return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=self.variant == "causal")
+        if self.variant == "alibi":
+            return lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=self.mask - self.slopes * self.distance)
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
 
 
@@ -93,6 +103,6 @@ if __name__ == "__main__":
     argv = sys.argv[1:]
     if "--bytes" in argv:
         argv.remove("--bytes")
-        only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), "")
-        moved_bytes([v for v in only.split(",") if v])
+        only = argv[argv.index("--only") + 1] if "--only" in argv else ""
+        moved_bytes([v.split("_")[0] for v in only.split(",") if v])
     main(argv, WORKLOADS, {"sdpa": run_sdpa}, default_peers="eager,torch.compile,sdpa")

@@ -99,6 +99,7 @@ WORKLOADS = [
     Workload("mlp_b64", lambda: (MLP(), (_rand(64, 512),))),
     Workload("chain_64x1024", lambda: (NormChain(), (_rand(64, 1024),))),
     Workload("llama_prefill128", lambda: _llama(128)),
+    Workload("llama_prefill512", lambda: _llama(512)),
     Workload("llama_step1", lambda: _llama(1)),
     # one decoder block's token step: a 256-token vocabulary leaves the embedding and head small
     Workload("llama_block_step1", lambda: _llama(1, layers=1, vocab=256)),

@@ -169,13 +169,34 @@ def packed() -> tuple[Graph, list[np.ndarray]]:
     return graph, [_rand(9, 64), _rand(1, 64), np.array([0, 49, 7], np.int32)]
 
 
+def attention() -> tuple[Graph, list[np.ndarray]]:
+    """softmax(q k^T / 4 + causal mask) v and a decode row against soft-capped scores, each one
+    attend kernel (compiler.group: the scores never written)."""
+    from eclat.rewrites import composites as c
+
+    q, k, v, row = g.input_("q", (2, 37, 16)), g.input_("k", (2, 37, 16)), g.input_("v", (2, 37, 16)), \
+        g.input_("row", (2, 1, 16))
+    causal = np.where(np.arange(37)[None, :] <= np.arange(37)[:, None], 0, -np.inf).astype(np.float32)
+    mask = g.movement(g.weight("causal", causal, DType.float32), lambda view: view.reshape((1, 37, 37)))
+    kt = g.movement(k, lambda view: view.permute((0, 2, 1)))
+    const = lambda x, shape: g.expand_to(g.const(x, DType.float32), shape)
+    scores = g.binary("add", g.binary("mul", c.matmul(q, kt), const(0.25, (2, 37, 37))),
+                      g.expand_to(mask, (2, 37, 37)))
+    capped = g.binary("mul", g.unary("sin", g.binary("mul", c.matmul(row, kt), const(0.1, (2, 1, 37)))),
+                      const(10.0, (2, 1, 37)))
+    outs = [c.matmul(c.softmax(scores, -1), v), c.matmul(c.softmax(capped, -1), v)]
+    return Graph([q, k, v, row], outs, {"causal": causal}), [_rand(2, 37, 16) for _ in range(3)] + \
+        [_rand(2, 1, 16)]
+
+
 CASES = {"elementwise": elementwise, "reductions": reductions, "views": views, "gather": gather,
-         "matmuls": matmuls, "integers": integers, "halves": halves, "packed": packed}
+         "matmuls": matmuls, "integers": integers, "halves": halves, "packed": packed, "attention": attention}
 
 
 def lowered(graph: Graph) -> Program:
-    """graph as a GPU target runs it: grouped into kernels, its formatted weights packed."""
-    return pack_weights(group(graph))
+    """graph as a GPU target runs it: grouped into kernels (attention as one), its formatted weights
+    packed."""
+    return pack_weights(group(graph, frozenset({"attention"})))
 
 
 def compare(outs: list[np.ndarray], ref: list[np.ndarray], rtol: float = 1e-4, atol: float = 1e-5) -> None:
@@ -253,6 +274,7 @@ def check_schedule_space(make: Callable[[Program, dict[str, GpuSchedule]], objec
         np.testing.assert_allclose(outs[v.out], default[v.kernel], rtol=1e-4, atol=1e-5,
                                    err_msg=f"{v.name} with {v.schedule}")
     tried = {v.schedule.strategy for v in variants}
-    assert "flat" in tried and (case == "elementwise" or "row" in tried)
+    assert case == "attention" or "flat" in tried and (case == "elementwise" or "row" in tried)
+    assert case != "attention" or tried == {"attention"}
     assert case != "matmuls" or "tile" in tried
     assert case != "elementwise" or any(v.schedule.vector == 4 for v in variants)

@@ -162,3 +162,18 @@ def test_attention_body_is_recognised_and_nothing_else_is():
         assert att is not None and att.safe == safe and att.score == score and att.size == 5
     broken = Op("mul", (body, Const(2.0, dt)), dt)
     assert as_attention(Kernel("k", "out", (4, 8), broken)) is None
+
+
+@pytest.mark.parametrize("variant", ["causal", "softcap"])
+def test_opencl_runs_attention_as_one_kernel(variant):
+    """The GPU renderer's attention strategy on PoCL: one thread per query row, online softmax."""
+    from tests.gpu_cases import opencl_or_skip
+
+    opencl_or_skip()
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, H, 40, D), torch.randn(1, H, 40, D), torch.randn(1, H, 40, D)
+    model = Scores(variant, 40, 40).eval()
+    compiled = eclat.compile(model, (q, k, v), target="opencl", autotune="none", quiet=True, k=1)
+    np.testing.assert_allclose(np.asarray(compiled(q, k, v)), model(q, k, v).numpy(), rtol=1e-4, atol=2e-5)
+    (kern,) = _attention_kernels(compiled)
+    assert kern.schedule.strategy == "attention"

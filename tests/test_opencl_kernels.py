@@ -33,7 +33,7 @@ def test_floats_round_to_half_exactly() -> None:
 
 
 @pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["sample", "full"])
-@pytest.mark.parametrize("case", ["matmuls", "reductions", "elementwise", "packed"])
+@pytest.mark.parametrize("case", ["matmuls", "reductions", "elementwise", "packed", "attention"])
 def test_schedule_space(case: str, full: bool) -> None:
     check_schedule_space(OpenCLExecutable, case, full)
 

@@ -1,5 +1,5 @@
 """The C-like kernel emitter: one renderer for every dialect, lowering a kernel of
-eclat.compiler.kernel with its `GpuSchedule` (flat, row or tile) to the dialect's source."""
+eclat.compiler.kernel with its `GpuSchedule` (flat, row, tile or attention) to the dialect's source."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ...compiler.kernel import (
     Op,
     Program,
     Reduce,
+    as_attention,
     axis_vars,
     free_vars,
     loads,
@@ -94,6 +95,8 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Buffer], dialect: Dialect |
     sched = schedule or default_gpu_schedule(kernel)
     if sched.strategy == "tile" and tile_contraction(kernel) is None:
         raise EclatError(f"kernel {kernel.name} is not a contraction: it cannot use the tile strategy")
+    if sched.strategy == "attention" and as_attention(kernel) is None:
+        raise EclatError(f"kernel {kernel.name} is not an attention: it cannot use the attention strategy")
     if sched.vector > 1 and not vector_ok(kernel, sched.vector):
         sched = replace(sched, vector=1)
     for b in {x.buffer for x in loads(kernel.body)} | {kernel.out}:
@@ -442,6 +445,41 @@ class _Emitter:
         self.unravel("e", list(range(p, len(k.shape))))
         self.hoist()
         self.store(self.emit(k.body))
+        self.close()
+
+    def _attention(self) -> None:
+        """One thread per query row (every axis but the last): the keys in turn, an online softmax
+        (running max m, rescaled sum l) and the row's output in registers, never the scores."""
+        k, t, d = self.k, self.s.threads, self.d
+        att = as_attention(k)
+        rows, dv = math.prod(k.shape[:-1]), k.shape[-1]
+        last = f"i{len(k.shape) - 1}"
+        self.groups = -(-rows // t)
+        self.ids()
+        self.line(f"const int e = gid * {t} + lid;")
+        self.open(f"if (e < {rows})")
+        self.unravel("e", list(range(len(k.shape) - 1)))
+        self.line(f"float m = -{d.inf}, l = 0.0f, o[{dv}];")
+        self.line(f"for (int c = 0; c < {dv}; c++) o[c] = 0.0f;")
+        j = att.var.name
+        self.open(f"for (int {j} = 0; {j} < {att.size}; {j}++)", (j,))
+        x = self.emit(att.x)
+        exp2, log2e = d.math["exp2"], self.literal(att.scale, DType.float32)
+        # a NaN score leaves the max alone and makes its term NaN; a row of -inf so far shifts by 0
+        self.line(f"const float mn = {x} > m ? {x} : m;")
+        self.line(f"const float sh = mn == -{d.inf} ? 0.0f : mn;")
+        self.line(f"const float al = {exp2}((m - sh) * {log2e}), p = {exp2}(({x} - sh) * {log2e});")
+        self.line("l = l * al + p;")
+        self.line("m = mn;")
+        self.open(f"for (int {last} = 0; {last} < {dv}; {last}++)", (last,))
+        self.line(f"o[{last}] = o[{last}] * al + p * {self.emit(att.v)};")
+        self.close()
+        self.close()
+        dead = f"m == -{d.inf} ? 0.0f : " if att.safe else ""
+        self.line(f"const float inv = {dead}1.0f / l;")
+        self.open(f"for (int {last} = 0; {last} < {dv}; {last}++)", (last,))
+        self.store(f"o[{last}] * inv")
+        self.close()
         self.close()
 
     def _tile(self) -> None:

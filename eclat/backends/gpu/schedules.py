@@ -1,4 +1,4 @@
-"""How a kernel maps onto a GPU: a `GpuSchedule` picks one of three strategies, all launched
+"""How a kernel maps onto a GPU: a `GpuSchedule` picks one of four strategies, all launched
 as a 1-D grid of work-groups (see eclat.backends.gpu), the default schedule of a kernel and the
 schedules worth timing, and the checks that decide where loads may be vectorised."""
 
@@ -7,11 +7,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...compiler.kernel import Contraction, Kernel, KExpr, Load, as_contraction, free_vars, loads, reduces
+from ...compiler.kernel import (
+    Contraction,
+    Kernel,
+    KExpr,
+    Load,
+    as_attention,
+    as_contraction,
+    free_vars,
+    loads,
+    reduces,
+)
 from ...ir.dtypes import DType
 from ...ir.symbolic import Expr, Num, Var, terms
 
-STRATEGIES = ("flat", "row", "tile")
+STRATEGIES = ("flat", "row", "tile", "attention")
 ROW_MIN_REDUCE = 32  # a reduction at least this long gets a work-group of its own
 MATVEC_ROWS = 4  # a contraction with fewer rows (a decode step) and a long k: a work-group per output
 MAX_THREADS = 256
@@ -81,7 +91,14 @@ def _tile_for(kernel: Kernel, c: Contraction, tm: int, tn: int, tk: int, rm: int
     return GpuSchedule("tile", tile=(tm, tn, min(tk, _pow2(c.reduce.size))), micro=(rm, rn))
 
 
+def attention_kernel(kernel: Kernel) -> bool:
+    """kernel is an Attention (compiler.kernel) the attention strategy runs: float32."""
+    return kernel.body.dtype is DType.float32 and as_attention(kernel) is not None
+
+
 def default_gpu_schedule(kernel: Kernel) -> GpuSchedule:
+    if attention_kernel(kernel):
+        return GpuSchedule("attention", threads=64)
     c = tile_contraction(kernel)
     m = kernel.shape[c.m_axis] if c is not None and c.m_axis is not None else 1
     if c is not None and (m >= MATVEC_ROWS or c.reduce.size < ROW_MIN_REDUCE * 4):
@@ -95,6 +112,8 @@ def default_gpu_schedule(kernel: Kernel) -> GpuSchedule:
 
 def gpu_schedule_space(kernel: Kernel) -> list[GpuSchedule]:
     """The schedules worth timing for kernel, the default first."""
+    if attention_kernel(kernel):  # as plain loops, each score would be computed per output column
+        return [GpuSchedule("attention", threads=t) for t in (64, 32, 128, 256)]
     out = [default_gpu_schedule(kernel)]
     c = tile_contraction(kernel)
     if c is not None:

@@ -33,6 +33,8 @@ def schedules_of(program: Program) -> dict[str, GpuSchedule]:
 
 
 class GpuTarget(Target):
+    fused = frozenset({"attention"})  # the attention strategy (gpu/emit.py)
+
     def __init__(self, name: str, dialect: Dialect, runtime: str, probe: str, source_member: str,
                  missing: str | None = None):
         """runtime: "module:Class" of the executable, Class(program, schedules); probe: "module:Class"
