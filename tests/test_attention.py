@@ -15,6 +15,7 @@ import eclat
 from eclat.backends.cpu.attention import AttentionEmitter
 from eclat.backends.cpu.codegen import emitter
 from eclat.backends.cpu.runtime import CpuExecutable
+from eclat.compiler import pipeline
 from eclat.compiler.group import group
 from eclat.compiler.kernel import Const, Kernel, Load, Op, Reduce, as_attention, attention_body
 from eclat.ir import graph as G
@@ -22,6 +23,7 @@ from eclat.ir.dtypes import DType
 from eclat.ir.interpreter import run
 from eclat.ir.symbolic import Num, Var
 from eclat.rewrites.composites import matmul, softmax
+from tests.conftest import _PROGRAMS
 
 H, D = 2, 16
 
@@ -50,6 +52,12 @@ class Scores(torch.nn.Module):
         elif self.variant != "plain":
             s = s + getattr(self, self.variant)
         return torch.softmax(s, -1) @ v
+
+
+@pytest.fixture(autouse=True)
+def _one_kernel(one_grouping):
+    """The search times each candidate with attention in one kernel and as separate kernels; these
+    tests check the one-kernel program, so it is the only one."""
 
 
 def _check(model: torch.nn.Module, args: tuple, atol: float = 2e-5) -> eclat.CompiledModel:
@@ -177,3 +185,17 @@ def test_opencl_runs_attention_as_one_kernel(variant):
     np.testing.assert_allclose(np.asarray(compiled(q, k, v)), model(q, k, v).numpy(), rtol=1e-4, atol=2e-5)
     (kern,) = _attention_kernels(compiled)
     assert kern.schedule.strategy == "attention"
+
+
+def test_the_search_times_attention_in_one_kernel_and_as_separate_kernels(monkeypatch):
+    """Each candidate is grouped both ways; the search keeps the faster verified one and says which."""
+    seen = []
+    monkeypatch.setattr(pipeline, "_programs", lambda *a, **kw: seen.append(_PROGRAMS(*a, **kw)) or seen[-1])
+
+    torch.manual_seed(4)
+    q, k, v = torch.randn(1, H, 40, D), torch.randn(1, H, 40, D), torch.randn(1, H, 40, D)
+    compiled = eclat.compile(Scores("causal", 40, 40).eval(), (q, k, v), autotune="none", quiet=True, k=1)
+    (programs,) = seen
+    assert sorted(fused for _, _, fused, _ in programs) == [False, True]
+    one_kernel = any(as_attention(k) for k in compiled.executable.program.kernels)
+    assert compiled.compile_report.candidates.fused == one_kernel

@@ -83,7 +83,7 @@ def test_a_foreign_database_warns_and_still_compiles(tmp_path):
         eclat.compile(model, x, autotune="fast", k=1, db=42, cache_dir=tmp_path / "other", quiet=True)
 
 
-def test_tuning_entries_are_kept_per_eclat_version(tmp_path, monkeypatch):
+def test_tuning_entries_are_kept_per_eclat_version(tmp_path, monkeypatch, one_grouping):
     """A schedule tuned by one version's code generation is not read by another's: the database's
     backend field carries eclat's source version, so a changed eclat tunes afresh."""
     from eclat.autotune import TuningDB, cache
@@ -168,7 +168,7 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
         return (cost[exe] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe == "p3")) * 1e6
 
     def programs(candidates, device, threads, target, errors):
-        return [(0.0, n, f"p{n}") for n in range(4)]
+        return [(0.0, n, True, f"p{n}") for n in range(4)]
     monkeypatch.setattr(pipeline, "_programs", programs)
     monkeypatch.setattr(pipeline, "verified_build", lambda program, *args: program)
     monkeypatch.setattr(pipeline, "_sample_us", fake_time)

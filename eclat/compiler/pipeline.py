@@ -140,15 +140,16 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         hits, misses = (tdb.hits, tdb.misses) if tdb is not None else (0, 0)
         chosen_key = _choice_key(graph, f"{autotune}|{weights}", k, backend.name, device) if tdb is not None \
             else None
-        known, tuned = _known_choice(tdb, chosen_key, len(candidates))
+        known, fused, tuned = _known_choice(tdb, chosen_key, len(candidates))
         built = None
-        grouped = _programs([candidates[known]], device, threads, backend, []) if known is not None else []
+        grouped = _programs([candidates[known]], device, threads, backend, [], fused) if known is not None \
+            else []
         if grouped:  # the database's winner, built with its schedules, verified
-            built = _build_remembered(grouped[0][2], backend, device, autotune, threads, tdb, arrays,
+            built = _build_remembered(grouped[0][3], backend, device, autotune, threads, tdb, arrays,
                                       reference(known), tuned, bars)
         if built is not None:
             exe, program = built
-            stats = CandidateStats(len(candidates), pruned=len(candidates) - 1, chosen=known)
+            stats = CandidateStats(len(candidates), pruned=len(candidates) - 1, chosen=known, fused=fused)
         else:
             seconds, exe, program, stats = _pick(candidates, backend, device, autotune, threads, arrays,
                                                  reference, bars)
@@ -156,7 +157,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
             if tdb is not None:
                 exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, arrays,
                                     reference(stats.chosen), exe, bars)
-                tdb.put(chosen_key, {"candidate": stats.chosen, "tuned": tuned}, seconds * 1e6)
+                tdb.put(chosen_key, {"candidate": stats.chosen, "fused": stats.fused, "tuned": tuned},
+                        seconds * 1e6)
         for line in stats.failed if not quiet else ():
             print(f"eclat: skipped {line}")
         counts = {"hits": tdb.hits - hits, "misses": tdb.misses - misses} if tdb is not None else {
@@ -220,22 +222,27 @@ def _rewrites() -> Any:
     return importlib.import_module(name)  # raises here if the thread's import failed
 
 
-def _programs(candidates: list[Graph], device: Any, threads: int, target: Any,
-              errors: list[str]) -> list[tuple[float, int, Program]]:
-    """(roofline estimate, candidate number, program with the target's default schedules), most
-    promising first."""
+def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, errors: list[str],
+              fused: bool | None = None) -> list[tuple[float, int, bool, Program]]:
+    """(roofline estimate, candidate number, whether the target's fused kernels are used, program with
+    the target's default schedules), most promising first. Each candidate is grouped with the
+    target's fused kernels (attention in one kernel) and, where that made any, without them too: the
+    search times both. fused: only that grouping (a remembered choice)."""
     programs = []
     for n, cand in enumerate(candidates):
-        try:
-            with phase("group"):
-                program = group(cand, target.fused)
-                for kern in program.kernels:
-                    kern.schedule = target.default_schedule(kern, threads)
-        except Exception as e:  # a broken candidate must not take the compile down
-            errors.append(f"candidate {n}: {type(e).__name__}: {e}")
-            continue
-        programs.append((_estimate_us(program, device), n, program))
-    return sorted(programs, key=lambda p: (p[0], p[1]))  # then the e-graph's own order
+        for with_fused in (True, False) if fused is None else (fused,):
+            try:
+                with phase("group"):
+                    program = group(cand, target.fused if with_fused else frozenset())
+                    for kern in program.kernels:
+                        kern.schedule = target.default_schedule(kern, threads)
+            except Exception as e:  # a broken candidate must not take the compile down
+                errors.append(f"candidate {n}: {type(e).__name__}: {e}")
+                continue
+            programs.append((_estimate_us(program, device), n, with_fused, program))
+            if fused is None and not any("attend" in k.ops for k in program.kernels):
+                break  # nothing fused: the other grouping is the same program
+    return sorted(programs, key=lambda p: (p[0], p[1], not p[2]))  # then the e-graph's own order
 
 
 def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads: int,
@@ -257,7 +264,8 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
             errors.append(f"candidate {c.schedule['candidate']}: {type(e).__name__}: {e}")
             raise
 
-    cands = [Candidate({"candidate": n}, estimate, program) for estimate, n, program in programs]
+    cands = [Candidate({"candidate": n, "fused": fused}, estimate, program)
+             for estimate, n, fused, program in programs]
     stats = CandidateStats(len(candidates), failed=errors)
     try:
         if not cands:
@@ -269,6 +277,7 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors)) from None
     stats.pruned = found.stats.pruned
     stats.timed, stats.chosen = found.stats.timed, found.winner.schedule["candidate"]
+    stats.fused = found.winner.schedule["fused"]
     return found.measured_us / 1e6, built[id(found.winner)], found.winner.payload, stats
 
 
@@ -447,12 +456,14 @@ def _choice_key(graph: Graph, mode: str, k: int, target: str, device: Any) -> An
                              device)
 
 
-def _known_choice(db: Any, key: Any, count: int) -> tuple[int | None, bool]:
-    """The remembered candidate number (None if none) and whether it won with tuned schedules."""
+def _known_choice(db: Any, key: Any, count: int) -> tuple[int | None, bool, bool]:
+    """The remembered candidate number (None if none), whether it was grouped with the target's fused
+    kernels, and whether it won with tuned schedules."""
     entry = db.get(key) if db is not None else None
     n = entry.schedule.get("candidate") if entry is not None else None
+    fused = entry.schedule.get("fused", True) if entry is not None else True
     tuned = entry.schedule.get("tuned", True) if entry is not None else True
-    return (n if isinstance(n, int) and 0 <= n < count else None), bool(tuned)
+    return (n if isinstance(n, int) and 0 <= n < count else None), bool(fused), bool(tuned)
 
 
 def _estimate_us(program: Program, device: Any) -> float:
@@ -480,10 +491,10 @@ def _deferred(graph: Graph, candidates: list[Graph], backend: Any, target: str, 
               reason: str, start: float, in_structure: Any) -> CompiledModel:
     """The first candidate with default schedules, for a device absent here: saveable, not runnable."""
     errors: list[str] = []
-    programs = _programs(candidates, None, threads, backend, errors)
+    programs = _programs(candidates, None, threads, backend, errors, fused=True)
     if not programs:
         raise EclatError("no candidate could be grouped into kernels:\n  " + "\n  ".join(errors))
-    _, n, program = programs[0]
+    _, n, _, program = programs[0]
     exe = backend.deferred(program, reason)
     report = _report(target, threads, None, program, exe, start)
     report.egraph = _egraph_stats(egraph)
