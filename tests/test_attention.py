@@ -199,3 +199,13 @@ def test_the_search_times_attention_in_one_kernel_and_as_separate_kernels(monkey
     assert sorted(fused for _, _, fused, _ in programs) == [False, True]
     one_kernel = any(as_attention(k) for k in compiled.executable.program.kernels)
     assert compiled.compile_report.candidates.fused == one_kernel
+
+
+def test_rows_in_flight_a_few_at_a_time(monkeypatch):
+    """Query rows beyond the stack's state (STATE_ROWS) run in turns, the last turn partial."""
+    import eclat.backends.cpu.attention as cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "STATE_ROWS", 12)
+    torch.manual_seed(5)
+    q, k, v = torch.randn(1, H, 37, D), torch.randn(1, H, 300, D), torch.randn(1, H, 300, D)
+    assert _attention_kernels(_check(Scores("window", 37, 300).eval(), (q, k, v)))

@@ -32,7 +32,7 @@ from .scalar import F32, I8, I32, binary, i64, intrinsic, store_through, vector_
 
 ROWS = 6  # query rows per micro-kernel block (x 2 vectors: 12 accumulator registers)
 SCRATCH_FLOATS = 8192  # a block of keys, transposed: d x BJ floats (32 KB: L1)
-MAX_STATE_ROWS = 4096  # rows whose running max and sum live on the stack (32 KB)
+STATE_ROWS = 4092  # query rows in flight, their running max and sum on the stack (32 KB); ROWS divides it
 MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
 
 
@@ -69,8 +69,8 @@ class AttentionEmitter(KernelEmitter):
         outer = list(range(len(shape) - 1))
         reads = free_vars(self.k_row) | free_vars(att.v)
         last = outer[-1] if outer else None
-        self.rows_axis = last if last is not None and 1 < shape[last] <= MAX_STATE_ROWS \
-            and self.vars_[last].name not in reads else None
+        self.rows_axis = last if last is not None and shape[last] > 1 and self.vars_[last].name not in reads \
+            else None
         self.heads = [a for a in outer if a != self.rows_axis]
         self.n_rows = shape[self.rows_axis] if self.rows_axis is not None else 1
         chunk = 2 * lanes  # score columns per micro-kernel step
@@ -141,8 +141,9 @@ class AttentionEmitter(KernelEmitter):
         self.vp = b.alloca(F32, size=self.k.shape[-1] * self.bj)
         self.s = b.alloca(F32, size=ROWS * self.bj)
         self.alpha = b.alloca(F32, size=ROWS)
-        self.m = b.alloca(F32, size=self.n_rows)
-        self.l = b.alloca(F32, size=self.n_rows)
+        self.m = b.alloca(F32, size=min(self.n_rows, STATE_ROWS))
+        self.l = b.alloca(F32, size=min(self.n_rows, STATE_ROWS))
+        self.first = i64(0)  # the first row of the rows in flight (the state's row 0)
 
         def level(d: int, i: ir.Value, _a: list) -> list:
             self.scope.bind(self.vars_[heads[d]].name, i)
@@ -160,28 +161,40 @@ class AttentionEmitter(KernelEmitter):
 
     # --- one head: every query row against every key ---------------------------------------------
     def _head(self) -> None:
+        """Every query row of the head against every key, STATE_ROWS rows at a time."""
+        whole, rest = divmod(self.n_rows, STATE_ROWS)
+        if whole:
+            self.loop(i64(0), i64(whole), [], lambda g, _a: self._rows_in_flight(
+                self.b.mul(g, i64(STATE_ROWS)), STATE_ROWS) or [], hint=False)
+        if rest:
+            self._rows_in_flight(i64(whole * STATE_ROWS), rest)
+
+    def _rows_in_flight(self, first: ir.Value, count: int) -> None:
+        """Rows first .. first + count against every key: their state set, the key blocks in turn,
+        the rows normalised."""
         b, att = self.b, self.att
-        n_rows, size, bj = self.n_rows, att.size, self.bj
-        dv = self.k.shape[-1]
+        size, bj = att.size, self.bj
+        self.first = first
 
         def init(r: ir.Value, _a: list) -> list:
             store_through(b, ir.Constant(F32, -math.inf), b.gep(self.m, [r], source_etype=F32))
             store_through(b, ir.Constant(F32, 0.0), b.gep(self.l, [r], source_etype=F32))
-            self._on_row(r, lambda: self.loop(i64(0), i64(dv), [], lambda e, _b: self._out(r, e, None) or []))
+            row = b.add(first, r)
+            self._scale_row(row, None)
             return []
-        self.loop(i64(0), i64(n_rows), [], init, hint=False)
+        self.loop(i64(0), i64(count), [], init, hint=False)
 
         def block(jb: ir.Value, nb: ir.Constant) -> None:
-            """Keys jb * BJ .. + nb against every row."""
+            """Keys jb * BJ .. + nb against every row in flight."""
             j0 = b.mul(jb, i64(bj))
             self._pack(j0, nb)
-            whole = n_rows // ROWS
-            blocked = lambda ib, _b: self._live(b.mul(ib, i64(ROWS)), jb, ROWS, j0, nb) or []
-            single = lambda r, _b: self._live(r, jb, 1, j0, nb) or []
+            whole = count // ROWS
+            blocked = lambda ib, _b: self._live(b.add(first, b.mul(ib, i64(ROWS))), jb, ROWS, j0, nb) or []
+            single = lambda r, _b: self._live(b.add(first, r), jb, 1, j0, nb) or []
             if whole:
                 self.loop(i64(0), i64(whole), [], blocked, hint=False)
-            if n_rows % ROWS:
-                self.loop(i64(whole * ROWS), i64(n_rows), [], single, hint=False)
+            if count % ROWS:
+                self.loop(i64(whole * ROWS), i64(count), [], single, hint=False)
 
         # whole blocks, then the last part: loops of known length over a block's keys vectorise whole
         self.loop(i64(0), i64(size // bj), [], lambda jb, _a: block(jb, i64(bj)) or [], hint=False)
@@ -194,9 +207,10 @@ class AttentionEmitter(KernelEmitter):
             if att.safe:  # a row of -inf throughout gives 0
                 dead = b.fcmp_ordered("==", m, ir.Constant(F32, -math.inf))
                 inv = b.select(dead, ir.Constant(F32, 0.0), inv)
-            self._on_row(r, lambda: self.loop(i64(0), i64(dv), [], lambda e, _b: self._out(r, e, inv) or []))
+            row = b.add(first, r)
+            self._scale_row(row, inv)
             return []
-        self.loop(i64(0), i64(n_rows), [], finish, hint=False)
+        self.loop(i64(0), i64(count), [], finish, hint=False)
 
     def _live(self, r0: ir.Value, jb: ir.Value, nr: int, j0: ir.Value, nb: ir.Value) -> None:
         """_rows, unless the live-block table says the mask hides the block throughout."""
@@ -211,19 +225,18 @@ class AttentionEmitter(KernelEmitter):
         with b.if_then(b.icmp_signed("!=", flag, ir.Constant(I8, 0))):
             self._rows(r0, nr, j0, nb)
 
-    def _on_row(self, r: ir.Value, fn) -> None:
-        with self.scope.nested():
-            if self.rows_axis is not None:
-                self.scope.bind(self.vars_[self.rows_axis].name, r)
-            fn()
-
-    def _out(self, r: ir.Value, e: ir.Value, scale: ir.Value | None) -> None:
-        """out[row, e] = 0 (scale None) or out[row, e] * scale."""
+    def _scale_row(self, row: ir.Value, scale: ir.Value | None) -> None:
+        """out[row, :] = 0 (scale None) or out[row, :] * scale."""
         b = self.b
-        self.scope.bind(self.vars_[-1].name, e)
-        at = b.gep(self.ptr[self.k.out], [self.sym(ravel(self.vars_, self.k.shape))], source_etype=F32)
-        v = ir.Constant(F32, 0.0) if scale is None else b.fmul(b.load(at, typ=F32), scale)
-        b.store(v, at)
+
+        def column(e: ir.Value, _a: list) -> list:
+            self.scope.bind(self.vars_[-1].name, e)
+            at = b.gep(self.ptr[self.k.out], [self.sym(ravel(self.vars_, self.k.shape))], source_etype=F32)
+            b.store(ir.Constant(F32, 0.0) if scale is None else b.fmul(b.load(at, typ=F32), scale), at)
+            return []
+        with self.scope.nested():
+            self._bind_row(row)
+            self.loop(i64(0), i64(self.k.shape[-1]), [], column)
 
     def _pack(self, j0: ir.Value, nb: ir.Value) -> None:
         """The block's keys and values as panels that the micro-kernels read in order: kt[(c * depth
@@ -324,8 +337,9 @@ class AttentionEmitter(KernelEmitter):
             store_through(b, x, at(jj))
             return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz"))]
         (top,) = self.loop(i64(0), nb, [ir.Constant(F32, -math.inf)], score)
-        m_at = b.gep(self.m, [row], source_etype=F32)
-        l_at = b.gep(self.l, [row], source_etype=F32)
+        state = b.sub(row, self.first)
+        m_at = b.gep(self.m, [state], source_etype=F32)
+        l_at = b.gep(self.l, [state], source_etype=F32)
         m_old = b.load(m_at, typ=F32)
         m_new = b.call(maxnum, [m_old, top], fastmath=("nnan", "nsz"))
         inf = ir.Constant(F32, -math.inf)
