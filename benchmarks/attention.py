@@ -3,7 +3,8 @@ its workloads, side by side with torch eager, torch.compile and F.scaled_dot_pro
 (where the variant is expressible), then the bytes the chosen program moves against the program
 without the fused kernel (the same compile with the CPU target's `fused` emptied).
 
-    python benchmarks/attention.py --threads 1 --autotune none [--only causal_T2048,alibi_T2048] [--bytes]
+    python benchmarks/attention.py --threads 1 --autotune none [--only causal_T2048,alibi_T2048]
+    python benchmarks/attention.py --bytes [--only causal_T2048]
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ WORKLOADS = [*(_workload(v, T, T) for v in ("causal", "alibi", "softcap", "windo
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    if "--bytes" in argv:
-        argv.remove("--bytes")
+    if "--bytes" in argv:  # the bytes table alone
         only = argv[argv.index("--only") + 1] if "--only" in argv else ""
         moved_bytes([v.split("_")[0] for v in only.split(",") if v])
-    main(argv, WORKLOADS, {"sdpa": run_sdpa}, default_peers="eager,torch.compile,sdpa")
+    else:
+        main(argv, WORKLOADS, {"sdpa": run_sdpa}, default_peers="eager,torch.compile,sdpa")

@@ -502,7 +502,16 @@ def _runs(kernel: Kernel) -> Callable[[KExpr], int]:
 
 
 def flops(kernel: Kernel) -> int:
-    """Scalar operations per run."""
+    """Scalar operations per run. An Attention counts as its backends run it, in one pass over the
+    keys: each score and its exponential once per query row, then the value row it weights."""
+    att = as_attention(kernel)
+    if att is not None:
+        *rows, dv = kernel.shape
+        last = Var(f"i{len(rows)}", 0, att.size - 1)
+        scores = rewrite(att.x, index=lambda i: map_vars(i, lambda w: last if w.name == att.var.name else w))
+        per_key = OP_COST["exp2"] + 4 + 2 * dv  # the shifted exponential, the running sum, the values
+        return flops(Kernel(kernel.name, kernel.out, (*rows, att.size), scores)) + \
+            math.prod(rows) * att.size * per_key
     runs = _runs(kernel)
     total = 0
     for x in walk(kernel.body):

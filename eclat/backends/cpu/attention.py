@@ -73,10 +73,16 @@ class AttentionEmitter(KernelEmitter):
             else None
         self.heads = [a for a in outer if a != self.rows_axis]
         self.n_rows = shape[self.rows_axis] if self.rows_axis is not None else 1
+        # one query row per head (decode): each key is used once, so copying it into panels costs
+        # what it saves; scores are dot products along the keys' rows, values read in place
+        self.direct = self.n_rows < ROWS
         chunk = 2 * lanes  # score columns per micro-kernel step
         self.bj = max(chunk, min(128, SCRATCH_FLOATS // max(att.score.size, 1)) // chunk * chunk)
-        # value columns per micro-kernel step: 2 vectors where they divide the row
-        self.vchunk = next(n for n in (2, 1) if shape[-1] % (n * lanes) == 0) * lanes
+        # value columns per micro-kernel step: 2 vectors where they divide the row; one query row
+        # takes the whole value row at once (up to 8 vectors), so that each row is read in one pass
+        whole = shape[-1] // lanes
+        self.vchunk = (whole if self.direct and whole <= 8 else
+                       next(n for n in (2, 1) if shape[-1] % (n * lanes) == 0)) * lanes
         self.live = self._live_blocks()
         if self.live is not None:
             self.arg_names.append(self.live)
@@ -187,7 +193,8 @@ class AttentionEmitter(KernelEmitter):
         def block(jb: ir.Value, nb: ir.Constant) -> None:
             """Keys jb * BJ .. + nb against every row in flight."""
             j0 = b.mul(jb, i64(bj))
-            self._pack(j0, nb)
+            if not self.direct:
+                self._pack(j0, nb)
             whole = count // ROWS
             blocked = lambda ib, _b: self._live(b.add(first, b.mul(ib, i64(ROWS))), jb, ROWS, j0, nb) or []
             single = lambda r, _b: self._live(b.add(first, r), jb, 1, j0, nb) or []
@@ -313,7 +320,8 @@ class AttentionEmitter(KernelEmitter):
                 for v in range(2):
                     self._vstore(accs[2 * r + v], self.s, b.add(i64(r * bj), b.add(col, i64(v * lanes))))
             return []
-        self.loop(i64(0), b.sdiv(b.add(nb, i64(chunk - 1)), i64(chunk)), [], scores, hint=False)
+        if not self.direct:
+            self.loop(i64(0), b.sdiv(b.add(nb, i64(chunk - 1)), i64(chunk)), [], scores, hint=False)
         for r in range(nr):
             self._online(rows[r], r, j0, nb)
         self._weighted(rows, j0, nb)
@@ -332,7 +340,8 @@ class AttentionEmitter(KernelEmitter):
         def score(jj: ir.Value, accs: list) -> list:
             self._bind_row(row)
             self.scope.bind(att.var.name, b.add(j0, jj))
-            self.scope.remember(att.score, b.load(at(jj), typ=F32))
+            if not self.direct:  # else x computes its score: a dot product along the key's row
+                self.scope.remember(att.score, b.load(at(jj), typ=F32))
             x = self.emit(att.x)
             store_through(b, x, at(jj))
             return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz"))]
@@ -359,7 +368,7 @@ class AttentionEmitter(KernelEmitter):
     def _weighted(self, rows: list[ir.Value], j0: ir.Value, nb: ir.Value) -> None:
         """out[row, :] = out[row, :] * alpha[row] + sum over the block's keys of p[row, j] * v[j, :],
         for each of rows (alpha: the rescaling of the row's sum so far to its new maximum)."""
-        b, lanes, bj = self.b, self.lanes, self.bj
+        b, att, lanes, bj = self.b, self.att, self.lanes, self.bj
         dv = self.k.shape[-1]
         nv = self.vchunk // lanes
         e_var = self.vars_[-1].name
@@ -375,8 +384,16 @@ class AttentionEmitter(KernelEmitter):
                     places.append(self.sym(out))
 
             def step(jj: ir.Value, accs: list) -> list:
-                start = b.mul(b.add(b.mul(c, i64(bj)), jj), i64(nv * lanes))
-                vv = [self._vload(self.vp, b.add(start, i64(v * lanes))) for v in range(nv)]
+                if self.direct:  # the value row itself
+                    with self.scope.nested():
+                        self.scope.bind(att.var.name, b.add(j0, jj))
+                        self.scope.bind(e_var, e0)
+                        start = self.sym(att.v.index)
+                    source = self.ptr[att.v.buffer]
+                    vv = [self._vload(source, b.add(start, i64(v * lanes))) for v in range(nv)]
+                else:
+                    start = b.mul(b.add(b.mul(c, i64(bj)), jj), i64(nv * lanes))
+                    vv = [self._vload(self.vp, b.add(start, i64(v * lanes))) for v in range(nv)]
                 new = list(accs)
                 for r in range(len(rows)):
                     p_at = b.gep(self.s, [b.add(i64(r * bj), jj)], source_etype=F32)
