@@ -87,6 +87,7 @@ def test_score_variants_run_as_one_kernel(variant, t):
     compiled = _check(Scores(variant, t, s).eval(), (q, k, v))
     (kern,) = _attention_kernels(compiled)
     program = compiled.executable.program
+    assert program.kernels == [kern]  # the output, a reshape of its result, is written in place
     em = emitter(None, kern, program.buffers, {}, compiled.executable.module.lanes)
     assert isinstance(em, AttentionEmitter)
     # blocks of keys the constant mask hides from blocks of query rows throughout are skipped

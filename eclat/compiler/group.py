@@ -601,6 +601,37 @@ class _Grouping:
 
     def program(self) -> Program:
         ins = [self.buf_of[id(n)] for n in self.graph.inputs]
-        return Program(self.buffers, [coalesce(k) for k in self.kernels], ins, self.outputs,
+        kernels = _without_copies([coalesce(k) for k in self.kernels], self.buffers)
+        return Program(self.buffers, kernels, ins, self.outputs,
                        [tuple(int(d) for d in n.shape) for n in self.graph.inputs],
                        [tuple(int(d) for d in n.shape) for n in self.graph.outputs])
+
+
+def _without_copies(kernels: list[Kernel], buffers: dict[str, Buffer]) -> list[Kernel]:
+    """kernels without those that copy a temporary, element for element, into an output that nothing
+    else reads it for: its writer writes the output instead (an output that is a reshape of an
+    attention's or a product's result). buffers loses the temporaries."""
+    readers: dict[str, int] = {}
+    for k in kernels:
+        for b in {x.buffer for x in walk(k.body) if isinstance(x, (Load, Gather))}:
+            readers[b] = readers.get(b, 0) + 1
+    writer = {k.out: j for j, k in enumerate(kernels)}
+    renamed: dict[int, str] = {}  # writer position -> the output it writes instead
+    for k in kernels:
+        x = k.body
+        if len(k.shape) == 1 and isinstance(x, Load) and x.index == Var("i0", 0, k.shape[0] - 1) \
+                and x.valid == Num(1) and buffers[k.out].role == "output" and x.buffer in writer \
+                and buffers[x.buffer].role == "temp" and readers[x.buffer] == 1 \
+                and buffers[x.buffer].numel == k.shape[0] and buffers[x.buffer].dtype is x.dtype:
+            renamed[writer[x.buffer]] = k.out
+    if not renamed:
+        return kernels
+    dropped = {kernels[j].out for j in renamed}
+    out = []
+    for j, k in enumerate(kernels):
+        if isinstance(k.body, Load) and k.body.buffer in dropped and len(k.shape) == 1:
+            continue  # the copy
+        out.append(dataclasses.replace(k, out=renamed[j]) if j in renamed else k)
+    for name in dropped:
+        del buffers[name]
+    return out
