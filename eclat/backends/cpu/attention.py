@@ -28,7 +28,7 @@ from ..derived import derived
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function
-from .scalar import F32, I8, I32, binary, i64, intrinsic, store_through, vector_ptr
+from .scalar import F32, I8, binary, i64, intrinsic, splat, store_through, vector_ptr
 
 ROWS = 6  # query rows per micro-kernel block (x 2 vectors: 12 accumulator registers)
 SCRATCH_FLOATS = 8192  # a block of keys, transposed: d x BJ floats (32 KB: L1)
@@ -281,12 +281,6 @@ class AttentionEmitter(KernelEmitter):
             return []
         self.loop(i64(0), nb, [], value, hint=False)
 
-    def _splat(self, x: ir.Value) -> ir.Value:
-        b, vt = self.b, self.vt
-        undef = ir.Constant(vt, ir.Undefined)
-        return b.shuffle_vector(b.insert_element(undef, x, i64(0)), undef,
-                                ir.Constant(ir.VectorType(I32, self.lanes), [0] * self.lanes))
-
     def _vload(self, base: ir.Value, at: ir.Value) -> ir.Value:
         return self.b.load(vector_ptr(self.b, base, at), typ=self.vt, align=4)
 
@@ -310,7 +304,7 @@ class AttentionEmitter(KernelEmitter):
                 for r in range(nr):
                     with self.scope.nested():
                         self._bind_row(rows[r])
-                        qv = self._splat(self.emit(self.q_row))
+                        qv = splat(b, self.emit(self.q_row), lanes)
                     for v in range(2):
                         out[2 * r + v] = b.call(self.fma, [qv, kv[v], out[2 * r + v]])
                 return out
@@ -397,11 +391,11 @@ class AttentionEmitter(KernelEmitter):
                 new = list(accs)
                 for r in range(len(rows)):
                     p_at = b.gep(self.s, [b.add(i64(r * bj), jj)], source_etype=F32)
-                    p = self._splat(b.load(p_at, typ=F32))
+                    p = splat(b, b.load(p_at, typ=F32), lanes)
                     for v in range(nv):
                         new[r * nv + v] = b.call(self.fma, [p, vv[v], new[r * nv + v]])
                 return new
-            alphas = [self._splat(b.load(b.gep(self.alpha, [i64(r)], source_etype=F32), typ=F32))
+            alphas = [splat(b, b.load(b.gep(self.alpha, [i64(r)], source_etype=F32), typ=F32), lanes)
                       for r in range(len(rows))]
             accs = [b.fmul(self._vload(self.ptr[self.k.out], b.add(place, i64(v * lanes))), alphas[r])
                     for r, place in enumerate(places) for v in range(nv)]

@@ -34,7 +34,7 @@ from ...ir.view import contiguous_strides
 from ..derived import derived
 from . import host
 from .emitter import KernelEmitter
-from .scalar import F32, I8, I16, I32, PTR, i64, intrinsic, store_through, vector_ptr
+from .scalar import F32, I8, I16, I32, PTR, i64, intrinsic, splat, store_through, vector_ptr
 
 PACKED = "pack:"  # name prefix of weights packed at compile time
 SCALES = "s"  # name suffix of a packed weight's scales (quantize.storage)
@@ -176,11 +176,6 @@ class ContractionEmitter(KernelEmitter):
             m0 = bb.mul(mb, i64(mr))
             full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), i64(n_size))
 
-            def splat(x: ir.Value) -> ir.Value:
-                undef = ir.Constant(vt, ir.Undefined)
-                return bb.shuffle_vector(bb.insert_element(undef, x, i64(0)), undef,
-                                         ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
-
             def kstep(kv: ir.Value, accs: list[ir.Value], steps=None, sums: bool = False) -> list[ir.Value]:
                 """accs += a x b over the steps of k (its own, or `steps`), and the rows' sums of a
                 after them with `sums`. accs may hold several sets: each step adds into the next."""
@@ -198,7 +193,7 @@ class ContractionEmitter(KernelEmitter):
                             av = self.emit(c.a)
                         if sums:
                             out[base + mr * nv + r] = bb.fadd(out[base + mr * nv + r], av)
-                        row_a = splat(av)
+                        row_a = splat(bb, av, lanes)
                         for v in range(nv):
                             j = base + r * nv + v
                             out[j] = bb.call(fma, [row_a, bvecs[v], out[j]])
@@ -222,7 +217,7 @@ class ContractionEmitter(KernelEmitter):
                 row = bb.mul(bb.add(bb.mul(p, i64(kk // self.group)), g), i64(nr))
                 scales = [self._vector(self.pack_name + SCALES, bb.add(row, i64(v * lanes)), F32, vt)
                           for v in range(nv)]
-                shift = [splat(bb.fmul(total, ir.Constant(F32, -8.0))) for total in sums[mr * nv:]]
+                shift = [splat(bb, bb.fmul(total, ir.Constant(F32, -8.0)), lanes) for total in sums[mr * nv:]]
                 return [bb.call(fma, [bb.fadd(sums[j], shift[j // nv]), scales[j % nv], acc])
                         for j, acc in enumerate(accs)]
 

@@ -43,6 +43,13 @@ def vector_ptr(b: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
     return b.bitcast(b.gep(base, [index], source_etype=F32), PTR)
 
 
+def splat(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
+    """A vector of `lanes` copies of the scalar x."""
+    undef = ir.Constant(ir.VectorType(x.type, lanes), ir.Undefined)
+    return b.shuffle_vector(b.insert_element(undef, x, i64(0)), undef,
+                            ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
 def store_through(b: ir.IRBuilder, v: ir.Value, ptr: ir.Value) -> None:
     """A store through a pointer llvmlite types as float* (the IR's pointers are opaque)."""
     st = ir.instructions.StoreInstr(b.block, v, ptr)
