@@ -157,7 +157,7 @@ def _wide(n: Node, srcs: list[np.ndarray], graph: Graph) -> np.ndarray:
 
 
 def _rounded(n: Node, value: np.ndarray) -> np.ndarray:
-    value = np.ascontiguousarray(value.astype(n.dtype.np))
+    value = np.array(value, dtype=n.dtype.np, order="C")  # ascontiguousarray would make a scalar 1-d
     return round_bfloat16(value) if n.dtype is DType.bfloat16 else value
 
 
