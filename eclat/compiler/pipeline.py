@@ -467,9 +467,15 @@ def _known_choice(db: Any, key: Any, count: int) -> tuple[int | None, bool, bool
 
 
 def _estimate_us(program: Program, device: Any) -> float:
-    """Roofline estimate of a whole program (0 without a device model: no pruning)."""
+    """Roofline estimate of a whole program: on the measured device, else on the rewrites' default
+    roofline (so that a candidate many times costlier than one timed is not timed, and cannot win
+    by the noise of a loaded machine); 0 without the rewrites."""
     if device is None:
-        return 0.0
+        try:
+            roof = _rewrites().extract.CPU
+        except ImportError:
+            return 0.0
+        return sum(roof.time(flops(k), bytes_moved(k, program.buffers)) for k in program.kernels) / 1e3
     return sum(estimate_us(flops(k), bytes_moved(k, program.buffers), device) for k in program.kernels)
 
 
