@@ -42,18 +42,20 @@ class Failure(Exception):
 
 # --- models named on the command line --------------------------------------------------------
 
-def load_factory(spec: str) -> tuple[Any, tuple]:
-    """FILE.py[:FACTORY] -> FACTORY() as (model, example_inputs)."""
+def load_factory(spec: str) -> tuple[Any, tuple, Any]:
+    """FILE.py[:FACTORY] -> FACTORY() as (model, example_inputs, dynamic_shapes): a factory returns
+    (model, example_inputs) or, for sizes known only at run time, (model, example_inputs,
+    dynamic_shapes) in torch.export's convention."""
     made = call_factory(spec)
-    if not (isinstance(made, tuple) and len(made) == 2):
-        raise Failure(f"{spec}: the factory must return (model, example_inputs), "
+    if not (isinstance(made, tuple) and len(made) in (2, 3)):
+        raise Failure(f"{spec}: the factory must return (model, example_inputs[, dynamic_shapes]), "
                       f"it returned {type(made).__name__}")
-    model, inputs = made
+    model, inputs, dynamic = (*made, None)[:3]
     if isinstance(inputs, list):
         inputs = tuple(inputs)
     elif not isinstance(inputs, tuple):
         inputs = (inputs,)
-    return model, inputs
+    return model, inputs, dynamic
 
 
 def call_factory(spec: str) -> Any:
@@ -98,8 +100,10 @@ def _compile(spec: str, args: argparse.Namespace) -> tuple[Any, Any, tuple]:
     """Compile the model named by spec with the command's options: (compiled, model, inputs)."""
     import eclat
 
-    model, inputs = load_factory(spec)
+    model, inputs, dynamic = load_factory(spec)
     options = _options(args)
+    if dynamic is not None:
+        options["dynamic_shapes"] = dynamic
     return eclat.compile(model, inputs, target=args.target, **options), model, inputs
 
 

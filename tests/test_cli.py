@@ -227,7 +227,7 @@ def test_autotune_help_lists_only_the_modes_it_takes(capsys):
 
 def test_bad_factory_and_bad_inputs(work, capsys):
     assert main(["compile", f"{work['spec']}:broken", "-o", str(work["folder"] / "b.eclat"), *FAST]) == 1
-    assert "must return (model, example_inputs)" in capsys.readouterr().err
+    assert "must return (model, example_inputs[, dynamic_shapes])" in capsys.readouterr().err
     np.save(work["folder"] / "wrong.npy", np.zeros((5, 8), np.float32))
     assert main(["run", str(work["artifact"]), "--inputs", str(work["folder"] / "wrong.npy")]) == 1
     assert "expected shape [2, 8]" in capsys.readouterr().err

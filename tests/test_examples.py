@@ -14,7 +14,7 @@ import torch
 from eclat.cli import load_factory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = ["quickstart.py", "tiny_llama.py", "cnn.py", "gpt2_hf.py"]
+EXAMPLES = ["quickstart.py", "tiny_llama.py", "cnn.py", "gpt2_hf.py", "dynamic.py"]
 SCRIPTS = [*EXAMPLES, "generate.py"]  # generate.py's factory gives a language model alone (compile --lm)
 LIBRARIES = {"eclat", "torch", "numpy", "transformers"}
 
@@ -37,7 +37,7 @@ def test_example_stands_alone(name):
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_factory_gives_a_model_and_inputs_that_run(name):
-    model, inputs = load_factory(os.path.join(ROOT, "examples", name))
+    model, inputs, _ = load_factory(os.path.join(ROOT, "examples", name))
     assert isinstance(model, torch.nn.Module) and isinstance(inputs, tuple) and inputs
     assert not model.training
     with torch.no_grad():

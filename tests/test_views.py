@@ -209,15 +209,15 @@ def test_assume_narrows_to_a_padding_mask_and_unravel_divides_exactly() -> None:
     holds (checked at every such point)."""
     from eclat.compiler.group import unravel
 
-    n, c, h, w = Var("n", 0, 1), Var("c", 0, 2), Var("h", 0, 17), Var("w", 0, 17)
+    n, c, h, w = Var("i0", 0, 1), Var("i1", 0, 2), Var("i2", 0, 17), Var("i3", 0, 17)
     flat = n * 768 + c * 256 + (h - 1) * 16 + (w - 1)
     mask = S.logical_and(S.logical_and(S.lt(0, h), S.lt(h, 17)), S.logical_and(S.lt(0, w), S.lt(w, 17)))
     plain = unravel(flat, [2, 3, 16, 16])
     narrowed = unravel(S.assume(flat, mask), [2, 3, 16, 16])
-    assert [S.render(e) for e in narrowed] == ["n", "c", "(h + -1)", "(w + -1)"]
+    assert [S.render(e) for e in narrowed] == ["i0", "i1", "(i2 + -1)", "(i3 + -1)"]
     assert any("/" in S.render(e) for e in plain)  # without the mask the offsets may be negative
     inside = itertools.product(range(2), range(3), range(1, 17), range(1, 17))
-    for env in (dict(zip("nchw", p)) for p in inside):
+    for env in (dict(zip(["i0", "i1", "i2", "i3"], p)) for p in inside):
         assert [evaluate(e, env) for e in narrowed] == [evaluate(e, env) for e in plain]
     assert S.assume(flat, S.lt(h, 99)) == flat  # a condition that narrows nothing changes nothing
 
@@ -228,10 +228,10 @@ def test_flat_index_divided_by_a_multiple_of_a_coefficient_keeps_only_its_axis()
     a contraction). Checked against Python's // and % over every value of the variables."""
     from eclat.compiler.group import _div, _mod
 
-    i0, i1, r, q = Var("i0", 0, 7), Var("i1", 0, 63), Var("r", 0, 7), Var("q", 0, 7)
+    i0, i1, r, q = Var("i0", 0, 7), Var("i1", 0, 63), Var("r0", 0, 7), Var("r1", 0, 7)
     flat = i0 * 64 + i1 * 512 + r * 8 + q
     assert _div(flat, 8192) == i1 // 16
-    assert S.variables(_mod(flat, 8192)) == {"i0", "i1", "r", "q"}
+    assert S.variables(_mod(flat, 8192)) == {"i0", "i1", "r0", "r1"}
     cases = [(flat, 8192), (flat, 1024), (flat, 16), (i0 * 6 + q, 12), (i1 * 4 + q, 8),
              (i1 * 512 + q * 3, 1024)]
     for e, s in cases:

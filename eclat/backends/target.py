@@ -64,6 +64,7 @@ class Target:
     # composites it runs as one kernel of their own (compiler.group): "attention", a softmax
     # contracted with values without writing the scores
     fused: frozenset[str] = frozenset()
+    runtime_sizes: bool = False  # whether its kernels read sizes at run time (dynamic_shapes)
 
     def rules(self) -> tuple[Any, ...]:
         """Rewrite rule sets (eclat.rewrites.lang.RuleSet) that join the e-graph for this target only."""

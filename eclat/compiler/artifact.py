@@ -37,8 +37,9 @@ import numpy as np
 
 from ..errors import ArtifactError, EclatError
 from ..ir.graph import State
+from ..ir.symbolic import Expr
 from .encoding import decode_program, encode_program
-from .kernel import Buffer, Program, loads
+from .kernel import Buffer, Program, loads, numel_bound
 from .memplan import MemoryPlan
 from .report import CompileReport
 from .specs import InputSpec, structure_tensors
@@ -59,7 +60,9 @@ MAX_NUMEL = 1 << 40  # elements in one buffer
 # --- a program checked against itself -----------------------------------------------------------
 
 def _is_shape(shape: Any) -> bool:
-    return isinstance(shape, (list, tuple)) and all(type(n) is int and n >= 0 for n in shape)
+    """A list of sizes: non-negative ints, or run-time sizes (expressions) that are never negative."""
+    return isinstance(shape, (list, tuple)) and all(
+        type(n) is int and n >= 0 or isinstance(n, Expr) and n.vmin >= 0 for n in shape)
 
 
 def check_program(program: Program, specs: list[InputSpec], where: str) -> None:
@@ -85,13 +88,13 @@ def check_program(program: Program, specs: list[InputSpec], where: str) -> None:
             b = bufs.get(name)
             if b is None or b.role != role:
                 refuse(f"{role} {name!r} is not an {role} buffer")
-            if math.prod(shape) != b.numel:
+            if numel_bound(shape) != b.numel:
                 refuse(f"{role} {name!r} has shape {list(shape)} but {b.numel} elements")
     for k in program.kernels:
         out = bufs.get(k.out)
         if out is None or out.role not in ("temp", "output"):
             refuse(f"kernel {k.name!r} writes {k.out!r}, which is no temporary or output buffer")
-        if math.prod(k.shape) != out.numel or k.body.dtype is not out.dtype:
+        if numel_bound(k.shape) != out.numel or k.body.dtype is not out.dtype:
             refuse(f"kernel {k.name!r} writes {k.body.dtype.name}{list(k.shape)} to {k.out!r}, "
                    f"a {out.dtype.name} buffer of {out.numel} elements")
         for s in k.sides:

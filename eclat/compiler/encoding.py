@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtypes import DType
-from ..ir.symbolic import BinOp, Num, Var
+from ..ir.symbolic import BinOp, Expr, Num, Var, size_from_json, size_to_json
 from .kernel import Buffer, Const, Gather, Index, Kernel, Load, Op, Program, Reduce, Schedule, Side
 
 # class -> fields that hold child nodes (a tuple field holds a tuple of them)
@@ -43,6 +43,8 @@ class _Encoder:
                 v = [self(x) for x in v] if isinstance(v, tuple) else self(v)
             elif isinstance(v, DType):
                 v = v.name
+            elif isinstance(v, Expr):  # a run-time size (a reduction's, an index's extent)
+                v = {"size": size_to_json(v)}
             elif isinstance(v, np.generic):
                 v = v.item()
             entry[f.name] = v
@@ -70,6 +72,8 @@ def decode_nodes(table: list[dict[str, Any]]) -> list[Any]:
                 v = tuple(_earlier(out, i) for i in v) if isinstance(v, list) else _earlier(out, v)
             elif f.name == "dtype":
                 v = DType[v]
+            elif isinstance(v, dict) and set(v) == {"size"}:
+                v = size_from_json(v["size"])
             kwargs[f.name] = v
         out.append(cls(**kwargs))
     return out
@@ -77,7 +81,8 @@ def decode_nodes(table: list[dict[str, Any]]) -> list[Any]:
 
 def encode_program(program: Program) -> dict[str, Any]:
     enc = _Encoder()
-    kernels = [{"name": k.name, "out": k.out, "shape": [int(n) for n in k.shape], "body": enc(k.body),
+    kernels = [{"name": k.name, "out": k.out, "shape": [size_to_json(n) for n in k.shape],
+                "body": enc(k.body),
                 "schedule": k.schedule and dataclasses.asdict(k.schedule), "ops": list(k.ops),
                 "sides": [{"out": s.out, "body": enc(s.body)} for s in k.sides]} for k in program.kernels]
     return {
@@ -87,8 +92,9 @@ def encode_program(program: Program) -> dict[str, Any]:
         "kernels": kernels,
         "nodes": enc.nodes,
         "inputs": list(program.inputs), "outputs": list(program.outputs),
-        "input_shapes": [[int(n) for n in s] for s in program.input_shapes],
-        "output_shapes": [[int(n) for n in s] for s in program.output_shapes],
+        "input_shapes": [[size_to_json(n) for n in s] for s in program.input_shapes],
+        "output_shapes": [[size_to_json(n) for n in s] for s in program.output_shapes],
+        **({"sizes": [size_to_json(v) for v in program.sizes]} if program.sizes else {}),
     }
 
 
@@ -110,9 +116,14 @@ def decode_program(data: dict[str, Any], weights: dict[str, np.ndarray],
 
     def kernel(k: dict[str, Any]) -> Kernel:
         sides = tuple(Side(s["out"], _earlier(nodes, s["body"])) for s in k.get("sides", ()))
-        return Kernel(k["name"], k["out"], tuple(k["shape"]), _earlier(nodes, k["body"]),
+        shape = tuple(size_from_json(n) for n in k["shape"])
+        return Kernel(k["name"], k["out"], shape, _earlier(nodes, k["body"]),
                       schedule(k["schedule"]), list(k["ops"]), sides)
 
     kernels = [kernel(k) for k in data["kernels"]]
-    return Program(buffers, kernels, list(data["inputs"]), list(data["outputs"]),
-                   [tuple(s) for s in data["input_shapes"]], [tuple(s) for s in data["output_shapes"]])
+    shapes = lambda key: [tuple(size_from_json(n) for n in s) for s in data[key]]
+    sizes = tuple(size_from_json(v) for v in data.get("sizes", ()))
+    if not all(isinstance(v, Var) for v in sizes):
+        raise ValueError(f"the run-time sizes {list(sizes)} are not variables")
+    return Program(buffers, kernels, list(data["inputs"]), list(data["outputs"]), shapes("input_shapes"),
+                   shapes("output_shapes"), sizes)

@@ -41,15 +41,21 @@ from ..ir.graph import OPS, Graph, Node, decompose_composites, movement
 from ..ir.symbolic import (
     Expr,
     Num,
-    Var,
-    as_int,
     assume,
     bounds,
+    dims,
     floordiv,
+    index_var,
+    involves_sizes,
     logical_and,
     mod,
+    prod,
+    sint,
+    sym_eq,
     terms,
     to_expr,
+    upper,
+    var_list,
     variables,
 )
 from ..ir.view import View, contiguous_strides
@@ -70,7 +76,9 @@ from .kernel import (
     children,
     coalesce,
     free_vars,
+    numel_bound,
     reduces,
+    size_vars,
     walk,
 )
 
@@ -88,9 +96,6 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     keep = {op for op in NATIVE_COMPOSITES | {"attend"} if op in OPS}
     graph = decompose_composites(_products_before_masks(graph), keep=keep)
     nodes = graph.nodes()
-    for n in nodes:
-        if any(as_int(d) is None for d in n.shape):
-            raise EclatError(f"{n.op} has symbolic shape {list(n.shape)}: specialise the graph first")
     forced = {id(n.srcs[0]) for n in nodes if n.op == "gather"}
     forced |= {id(n) for n in nodes if n.op in ("contiguous", "attend")}
     forced |= {id(o) for o in graph.outputs}
@@ -178,7 +183,7 @@ def _sum_as_matmul(n: Node, srcs: list[Node]) -> tuple[Node, Node, Node, Node] |
     va, vb = srcs[0].srcs
     if not all(x.op == "view" and x.arg.mask is None for x in (va, vb)):
         return None
-    *batch, m, cols, k = (int(d) for d in srcs[0].shape)
+    *batch, m, cols, k = dims(srcs[0].shape)
     sa, sb = va.arg.strides, vb.arg.strides
     if not ((cols == 1 or sa[-2] == 0) and (m == 1 or sb[-3] == 0)):
         return None
@@ -209,12 +214,14 @@ def _attend_of(old: Node, lhs: Node, v: Node, users: dict[int, int]) -> Node | N
     sm = lhs.srcs[0] if lhs.op == "view" else lhs
     if sm.op != "softmax" or users[id(old)] != 1 or old.op == "view" and users[id(old.srcs[0])] != 1:
         return None
+    if any(var_list(d) for d in (*dims(sm.shape), *dims(v.shape))):
+        return None  # the backends' attention kernels are written for fixed sizes
     axis, safe = sm.arg
     x = sm.srcs[0]
     vp = lhs.arg if lhs.op == "view" else View.contiguous(tuple(lhs.shape))
-    idxs = axis_vars(tuple(int(d) for d in lhs.shape))
+    idxs = axis_vars(dims(lhs.shape))
     flat, valid = vp.index(idxs)
-    at = unravel(flat, [int(d) for d in x.shape])
+    at = unravel(flat, list(dims(x.shape)))
     j = idxs[-1].name
     if to_expr(valid) != Num(1) or at[axis] != idxs[-1] or \
             any(j in variables(e) for a, e in enumerate(at) if a != axis):
@@ -332,10 +339,13 @@ def _split(e: Expr, s: int) -> tuple[list, Expr, int | None]:
     return whole, r, (lo // s if lo // s == hi // s else None)
 
 
-def _div(e: Expr, s: int) -> Expr:
-    """e // s, splitting off the terms that are multiples of s."""
+def _div(e: Expr, s: sint) -> Expr:
+    """e // s, splitting off the terms that are multiples of s (a size known at run time: divided
+    then)."""
     if s == 1:
         return e
+    if not isinstance(s, int) or involves_sizes(e):
+        return floordiv(e, s)
     whole, _, q = _split(e, s)
     if q is not None:
         return _sum(whole + [(q, None)])
@@ -343,8 +353,10 @@ def _div(e: Expr, s: int) -> Expr:
     return floordiv(e, s) if step is None else _div(step[1], s // step[0])
 
 
-def _mod(e: Expr, n: int) -> Expr:
+def _mod(e: Expr, n: sint) -> Expr:
     """e % n for e >= 0 (falls back to the whole e, never a possibly negative part)."""
+    if not isinstance(n, int) or involves_sizes(e):
+        return mod(e, n)
     _, rest, q = _split(e, n)
     if q is not None:
         return rest + (-q * n)
@@ -365,15 +377,20 @@ def _step(e: Expr, s: int) -> tuple[int, Expr, Expr] | None:
     return None
 
 
-def unravel(flat: Expr, shape: Sequence[int]) -> tuple[Expr, ...]:
-    """Row-major multi-index of a flat index into shape."""
+def unravel(flat: Expr, shape: Sequence[sint]) -> tuple[Expr, ...]:
+    """Row-major multi-index of a flat index into shape. The first axis of more than one element
+    needs no remainder (a flat index is below the size): a size known only at run time would
+    make it a division per element."""
     out = []
+    first = True
     for n, s in zip(shape, contiguous_strides(shape)):
-        out.append(Num(0) if n == 1 else _mod(_div(flat, s), n) if s else Num(0))
+        whole = first and not isinstance(n, int)
+        first = first and n == 1
+        out.append(Num(0) if n == 1 else _div(flat, s) if whole else _mod(_div(flat, s), n) if s else Num(0))
     return tuple(out)
 
 
-def ravel(idxs: Sequence[Expr], shape: Sequence[int]) -> Expr:
+def ravel(idxs: Sequence[Expr], shape: Sequence[sint]) -> Expr:
     flat: Expr = Num(0)
     for i, s in zip(idxs, contiguous_strides(shape)):
         flat = flat + to_expr(i) * s
@@ -431,7 +448,7 @@ class _Grouping:
         self.materialised = [n for n in nodes if id(n) in materialised and n.op not in ("input", "weight")]
         for n in self.materialised:
             name = f"out{outs[id(n)]}" if id(n) in outs else f"t{self.topo[id(n)]}"
-            self.buffers[name] = Buffer(name, math.prod(n.shape), n.dtype,
+            self.buffers[name] = Buffer(name, numel_bound(n.shape), n.dtype,
                                         "output" if id(n) in outs else "temp")
             self.buf_of[id(n)] = name
         for n in self.materialised:
@@ -440,7 +457,7 @@ class _Grouping:
         for k, o in enumerate(graph.outputs):
             name = f"out{k}"
             if name not in self.buffers:  # a leaf or a repeated output: copy it
-                self.buffers[name] = Buffer(name, math.prod(o.shape), o.dtype, "output")
+                self.buffers[name] = Buffer(name, numel_bound(o.shape), o.dtype, "output")
                 self._kernel(o, name, copy=True)
             self.outputs.append(name)
 
@@ -454,7 +471,7 @@ class _Grouping:
         if rounded is not None:
             fmt, axis = rounded
             along = (n.shape[axis], math.prod(n.shape[axis + 1:]))
-        self.buffers[name] = Buffer(name, math.prod(n.shape), n.dtype, role, data, fmt, along)
+        self.buffers[name] = Buffer(name, numel_bound(n.shape), n.dtype, role, data, fmt, along)
         self.buf_of[id(n)] = name
 
     def _kernel(self, n: Node, out: str, copy: bool = False) -> None:
@@ -462,7 +479,7 @@ class _Grouping:
         kid = len(self.kernels)
         self._kid, self._ops = kid, set()
         body = self._load(n, idxs, Num(1)) if copy else self._compute(n, idxs, Num(1))
-        self.kernels.append(Kernel(f"k{kid}_{n.op}", out, tuple(int(d) for d in n.shape), body,
+        self.kernels.append(Kernel(f"k{kid}_{n.op}", out, dims(n.shape), body,
                                    ops=sorted(self._ops)))
 
     # --- values ------------------------------------------------------------------------
@@ -507,7 +524,7 @@ class _Grouping:
             flat = assume(flat, inner)  # read only where inner holds: padding's offsets divide exactly
             if src.op in ("input", "weight") or id(src) in self.buf_of:
                 return Load(self.buf_of[id(src)], flat, inner, n.dtype)
-            x = self.value(src, unravel(flat, [int(d) for d in src.shape]), inner)
+            x = self.value(src, unravel(flat, list(dims(src.shape))), inner)
             if to_expr(valid) == Num(1) or isinstance(x, Load):
                 return x
             return Op("where", (Index(valid, DType.bool), x, Const(0, n.dtype)), n.dtype)
@@ -516,31 +533,31 @@ class _Grouping:
             return Op(n.op, srcs, n.dtype)
         if kind == "reduce":
             axis = n.arg
-            size = int(n.srcs[0].shape[axis])
-            var = Var(f"r{self.topo[id(n)]}", 0, max(size - 1, 0))
+            size = dims(n.srcs[0].shape)[axis]
+            var = index_var(f"r{self.topo[id(n)]}", size)
             body = self.value(n.srcs[0], idxs[:axis] + (var,) + idxs[axis:], guard)
             return Reduce(n.op, size, var, body, n.dtype)
         if kind == "gather":
             table, idx = n.srcs
             k = len(idx.shape)
-            rows = int(table.shape[0])
-            row_shape = [int(d) for d in table.shape[1:]]
+            rows = upper(table.shape[0])
+            row_shape = list(dims(table.shape[1:]))
             inner = ravel(idxs[k:], row_shape)
             return Gather(self.buf_of[id(table)], self.value(idx, idxs[:k], guard), rows,
-                          math.prod(row_shape), inner if guard == Num(1) else inner * guard, n.dtype)
+                          prod(row_shape), inner if guard == Num(1) else inner * guard, n.dtype)
         if kind == "contiguous":
             return self.value(n.srcs[0], idxs, guard)
         raise EclatError(f"no kernel lowering for op {n.op!r} (kind {kind})")
 
     def _attend(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
         (x, v), (_, vp, safe) = n.srcs, n.arg
-        size = int(v.shape[-2])
+        size = dims(v.shape)[-2]
         first = len(self.nodes) + 3 * self.topo[id(n)]  # reduce variables no graph node names
-        j = Var(f"r{first}", 0, max(size - 1, 0))
+        j = index_var(f"r{first}", size)
         flat, _ = vp.index(idxs[:-1] + (j,))
         self._quiet = True
         try:
-            score = self.value(x, unravel(flat, [int(d) for d in x.shape]), guard)
+            score = self.value(x, unravel(flat, list(dims(x.shape))), guard)
         finally:
             self._quiet = False
         value = self.value(v, idxs[:-2] + (j, idxs[-1]), guard)
@@ -583,7 +600,7 @@ class _Grouping:
         fv = free_vars(x, fv_memo)
         deepest = max((p for p, v in enumerate(loops) if v in fv), default=-1)
         if n is not None and id(n) not in self.buf_of:
-            factor = math.prod(sizes[v] for v in loops[:deepest] if v not in fv)
+            factor = math.prod(upper(sizes[v]) for v in loops[:deepest] if v not in fv)
             costly = isinstance(x, Reduce) or _costly(x)
             if factor > 1 and (in_reduce or costly):
                 redundant.add(id(n))
@@ -603,8 +620,9 @@ class _Grouping:
         ins = [self.buf_of[id(n)] for n in self.graph.inputs]
         kernels = _without_copies([coalesce(k) for k in self.kernels], self.buffers)
         return Program(self.buffers, kernels, ins, self.outputs,
-                       [tuple(int(d) for d in n.shape) for n in self.graph.inputs],
-                       [tuple(int(d) for d in n.shape) for n in self.graph.outputs])
+                       [dims(n.shape) for n in self.graph.inputs],
+                       [dims(n.shape) for n in self.graph.outputs],
+                       size_vars([n.shape for n in self.graph.inputs]))
 
 
 def _without_copies(kernels: list[Kernel], buffers: dict[str, Buffer]) -> list[Kernel]:
@@ -619,10 +637,11 @@ def _without_copies(kernels: list[Kernel], buffers: dict[str, Buffer]) -> list[K
     renamed: dict[int, str] = {}  # writer position -> the output it writes instead
     for k in kernels:
         x = k.body
-        if len(k.shape) == 1 and isinstance(x, Load) and x.index == Var("i0", 0, k.shape[0] - 1) \
+        if len(k.shape) == 1 and isinstance(x, Load) and x.index == axis_vars(k.shape)[0] \
                 and x.valid == Num(1) and buffers[k.out].role == "output" and x.buffer in writer \
                 and buffers[x.buffer].role == "temp" and readers[x.buffer] == 1 \
-                and buffers[x.buffer].numel == k.shape[0] and buffers[x.buffer].dtype is x.dtype:
+                and sym_eq(prod(kernels[writer[x.buffer]].shape), k.shape[0]) \
+                and buffers[x.buffer].dtype is x.dtype:
             renamed[writer[x.buffer]] = k.out
     if not renamed:
         return kernels

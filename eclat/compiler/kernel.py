@@ -49,7 +49,21 @@ import numpy as np
 
 from ..ir.dtypes import DType
 from ..ir.graph import LOG2E
-from ..ir.symbolic import Expr, Num, Var, as_int, assume, map_vars, terms, variables
+from ..ir.symbolic import (
+    Expr,
+    Num,
+    Var,
+    as_int,
+    assume,
+    index_var,
+    is_loop_var,
+    map_vars,
+    sint,
+    terms,
+    upper,
+    var_list,
+    variables,
+)
 from .quantize import FORMATS
 
 # --- buffers ----------------------------------------------------------------------------
@@ -126,7 +140,7 @@ class Gather:
     buffer: str
     idx: KExpr
     rows: int
-    row_size: int
+    row_size: sint
     inner: Expr
     dtype: DType
 
@@ -163,24 +177,40 @@ def children(e: KExpr) -> tuple[KExpr, ...]:
     return ()
 
 
+def _loop_vars(e: Expr) -> frozenset[str]:
+    return frozenset(v for v in variables(e) if is_loop_var(v))
+
+
 def free_vars(e: KExpr, _memo: dict | None = None) -> frozenset[str]:
-    """Names of the index variables e depends on (its own reduce variables excluded)."""
+    """Names of the index variables e depends on (its own reduce variables excluded; run-time sizes
+    are no index variables)."""
     memo = {} if _memo is None else _memo
     key = id(e)
     if key in memo:
         return memo[key][1]
     if isinstance(e, Load):
-        out = frozenset(variables(e.index) | variables(e.valid))
+        out = _loop_vars(e.index) | _loop_vars(e.valid)
     elif isinstance(e, Index):
-        out = frozenset(variables(e.expr))
+        out = _loop_vars(e.expr)
     elif isinstance(e, Gather):
-        out = free_vars(e.idx, memo) | variables(e.inner)
+        out = free_vars(e.idx, memo) | _loop_vars(e.inner)
     elif isinstance(e, Reduce):
         out = free_vars(e.body, memo) - {e.var.name}
     else:
         out = frozenset().union(*(free_vars(s, memo) for s in children(e))) if children(e) else frozenset()
     memo[key] = (e, out)  # keep e alive so its id stays unique
     return out
+
+
+_SIZED = {Load: ("index", "valid"), Index: ("expr",), Gather: ("inner", "row_size"), Reduce: ("size",)}
+
+
+def mentioned_sizes(kernel: Kernel) -> set[str]:
+    """Names of the run-time sizes kernel's shape, reduction sizes and indices mention."""
+    exprs = list(kernel.shape)
+    for body in (kernel.body, *(sd.body for sd in kernel.sides)):
+        exprs += [getattr(x, f) for x in walk(body) for f in _SIZED.get(type(x), ())]
+    return {v.name for e in exprs for v in var_list(e) if not is_loop_var(v.name)}
 
 
 def walk(e: KExpr) -> list[KExpr]:
@@ -353,7 +383,8 @@ class Kernel:
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        """Elements it writes (at most: a run-time size counts at its bound)."""
+        return numel_bound(self.shape)
 
 
 @dataclass
@@ -362,8 +393,11 @@ class Program:
     kernels: list[Kernel]
     inputs: list[str]
     outputs: list[str]
-    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
-    output_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    input_shapes: list[tuple[sint, ...]] = field(default_factory=list)
+    output_shapes: list[tuple[sint, ...]] = field(default_factory=list)
+    # the sizes known only at run time (read off the inputs' shapes at each call), in the order
+    # of the sizes array kernels read them from
+    sizes: tuple[Var, ...] = ()
 
     def __str__(self) -> str:
         lines = [f"buffer {b.name}: {b.role} {b.dtype.short}[{b.numel}]" for b in self.buffers.values()]
@@ -371,8 +405,24 @@ class Program:
         return "\n".join(lines)
 
 
-def axis_vars(shape: tuple[int, ...]) -> list[Var]:
-    return [Var(f"i{k}", 0, max(n - 1, 0)) for k, n in enumerate(shape)]
+def axis_vars(shape: tuple[sint, ...]) -> list[Var]:
+    return [index_var(f"i{k}", n) for k, n in enumerate(shape)]
+
+
+def size_vars(shapes: list[tuple[sint, ...]]) -> tuple[Var, ...]:
+    """The variables of shapes' symbolic sizes, by name."""
+    found: dict[str, Var] = {}
+    for shape in shapes:
+        for d in shape:
+            for v in var_list(d):
+                found.setdefault(v.name, v)
+    return tuple(found[n] for n in sorted(found))
+
+
+def numel_bound(shape: tuple[sint, ...]) -> int:
+    """Elements of a dense array of shape at its largest: what a buffer of a symbolic shape holds
+    room for (its elements are laid out densely for the sizes of each call)."""
+    return math.prod(upper(n) for n in shape)
 
 
 @dataclass(frozen=True)
@@ -436,21 +486,21 @@ class Attention:
     scale: float = LOG2E
 
 
-def attention_body(x: KExpr, v: KExpr, var: Var, size: int, safe: bool, names: tuple[str, str]) -> KExpr:
+def attention_body(x: KExpr, v: KExpr, var: Var, size: sint, safe: bool, names: tuple[str, str]) -> KExpr:
     """The kernel body of an Attention: x and v read at var (0..size-1); names: the variables of the
     row sum and the weighted sum (the max runs over var itself)."""
     dt = x.dtype
     m = Reduce("max_reduce", size, var, x, dt)
 
     def at(e: KExpr, name: str) -> KExpr:
-        to = Var(name, 0, size - 1)  # the max inside e stays over var
+        to = index_var(name, size)  # the max inside e stays over var
         return rewrite(e, {m: m}, index=lambda i: map_vars(i, lambda w: to if w.name == var.name else w))
 
     shifted = Op("add", (x, Op("neg", (m,), dt)), dt)
     e = Op("exp2", (Op("mul", (shifted, Const(LOG2E, dt)), dt),), dt)
-    total = Reduce("sum", size, Var(names[0], 0, size - 1), at(e, names[0]), dt)
+    total = Reduce("sum", size, index_var(names[0], size), at(e, names[0]), dt)
     term = Op("mul", (at(e, names[1]), at(v, names[1])), dt)
-    weighted = Reduce("sum", size, Var(names[1], 0, size - 1), term, dt)
+    weighted = Reduce("sum", size, index_var(names[1], size), term, dt)
     out = Op("mul", (weighted, Op("recip", (total,), dt)), dt)
     if not safe:
         return out
@@ -495,10 +545,11 @@ def as_attention(kernel: Kernel) -> Attention | None:
 def _runs(kernel: Kernel) -> Callable[[KExpr], int]:
     """How often a node of kernel runs: once per value of its free variables, which is exactly
     what hoisting achieves."""
-    sizes = {f"i{k}": n for k, n in enumerate(kernel.shape)}
-    sizes.update({r.var.name: r.size for r in reduces(kernel.body)})
+    sizes = {f"i{k}": upper(n) for k, n in enumerate(kernel.shape)}  # run-time sizes at their bound
+    sizes.update({r.var.name: upper(r.size) for r in reduces(kernel.body)})
     memo: dict = {}
-    return lambda x: math.prod(sizes[v] for v in free_vars(x, memo))
+    # a run-time size is a free variable that is read, not looped over
+    return lambda x: math.prod(sizes.get(v, 1) for v in free_vars(x, memo))
 
 
 def flops(kernel: Kernel) -> int:
@@ -506,19 +557,20 @@ def flops(kernel: Kernel) -> int:
     keys: each score and its exponential once per query row, then the value row it weights."""
     att = as_attention(kernel)
     if att is not None:
-        *rows, dv = kernel.shape
-        last = Var(f"i{len(rows)}", 0, att.size - 1)
+        *rows, dv = (upper(n) for n in kernel.shape)
+        size = upper(att.size)
+        last = Var(f"i{len(rows)}", 0, size - 1)
         scores = rewrite(att.x, index=lambda i: map_vars(i, lambda w: last if w.name == att.var.name else w))
         per_key = OP_COST["exp2"] + 4 + 2 * dv  # the shifted exponential, the running sum, the values
-        return flops(Kernel(kernel.name, kernel.out, (*rows, att.size), scores)) + \
-            math.prod(rows) * att.size * per_key
+        scored = flops(Kernel(kernel.name, kernel.out, (*rows, size), scores))
+        return scored + math.prod(rows) * size * per_key
     runs = _runs(kernel)
     total = 0
     for x in walk(kernel.body):
         if isinstance(x, Op):
             total += OP_COST.get(x.op, 1) * runs(x)
         elif isinstance(x, Reduce):
-            total += x.size * runs(x)
+            total += upper(x.size) * runs(x)
     return total
 
 

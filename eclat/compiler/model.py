@@ -12,7 +12,7 @@ import numpy as np
 from ..ir.dtypes import DType
 from ..ir.graph import State
 from .report import CompileReport
-from .specs import InputSpec, is_array, is_torch, leaves
+from .specs import InputSpec, bind_sizes, describe_shape, is_array, is_torch, leaves
 
 
 class CompiledModel:
@@ -33,6 +33,7 @@ class CompiledModel:
         self.in_structure = [None] * len(inputs) if in_structure is None else in_structure
         self.compile_report = report if isinstance(report, CompileReport) else CompileReport.from_dict(report)
         self._expected = [(s.shape, np.dtype(s.dtype.np)) for s in inputs]
+        self._sized = any(not isinstance(n, int) for s in inputs for n in s.shape)  # run-time sizes
         self._torch_dtypes: list[Any] | None = None  # each input's torch dtype, once torch is seen
         # GPU programs keep their buffers on the device: their calls take turns
         reentrant = getattr(executable, "reentrant", False)
@@ -78,6 +79,9 @@ class CompiledModel:
         flat = self._flat(args)
         use_torch = any(is_torch(x) for x in flat)
         arrays = [self._array(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, flat))]
+        if self._sized:  # sizes that vary: each within its bounds, and the inputs agreeing on them
+            bind_sizes([s.shape for s in self.inputs], [a.shape for a in arrays],
+                       [f"input {k} ({s.name})" for k, s in enumerate(self.inputs)])
         outs = self._execute(arrays)
         if not use_torch:
             return outs[0] if len(outs) == 1 else outs
@@ -158,7 +162,7 @@ class CompiledModel:
                 raise ValueError(f"{where}: expected dtype {spec.dtype.np}, given {a.dtype}")
         else:
             raise ValueError(f"{where}: expected a torch.Tensor or numpy.ndarray, given {type(x).__name__}")
-        if tuple(a.shape) != spec.shape:
+        if tuple(a.shape) != spec.shape and not any(not isinstance(n, int) for n in spec.shape):
             raise ValueError(f"{where}: expected shape {list(spec.shape)}, given {list(a.shape)}")
         return np.ascontiguousarray(a)
 
@@ -183,7 +187,7 @@ def load(path: str) -> CompiledModel:
 
 
 def _describe(spec: InputSpec) -> str:
-    return f"{spec.name}: {spec.dtype.name}{list(spec.shape)}"
+    return f"{spec.name}: {spec.dtype.name}{describe_shape(spec.shape)}"
 
 
 def _values_checked(specs: list[InputSpec], run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Callable:

@@ -41,6 +41,7 @@ from ..backends import get_target
 from ..errors import EclatError
 from ..ir.graph import Graph
 from ..ir.interpreter import run as interpret
+from ..ir.symbolic import dims, evaluate, var_list
 from . import program_cache
 from . import tune as tuning
 from .group import group
@@ -49,19 +50,21 @@ from .model import CompiledModel
 from .phases import phase, recording
 from .quantize import accuracy, check_mode, quantize
 from .report import CandidateStats, CompileReport, DeviceSummary, EgraphStats
-from .specs import InputSpec, input_structure, leaves
-from .verify import reference_graph, to_numpy, verified_build
+from .specs import InputSpec, bind_sizes, input_structure, leaves
+from .verify import reference_graph, to_numpy, verified_build, verify
 
 AUTOTUNE_MODES = ("none", "fast", "full")
 FAST_CANDIDATES = 4  # programs timed at most in "fast" mode, best roofline estimates first
 SAMPLE_SECONDS = 0.05  # one timing of a whole program: up to SAMPLE_RUNS runs within this (one at least)
 SAMPLE_RUNS = 10
+MAX_DYNAMIC_SIZE = 1 << 24  # the largest bound a run-time size may have
 
 
 def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threads: int | None = None,
                   autotune: str = "fast", cache_dir: str | os.PathLike | None = None,
                   db: Any = None, k: int = 8, verify: bool = True, quiet: bool = False,
-                  weights: str = "fp32", max_error: float | None = None) -> CompiledModel:
+                  weights: str = "fp32", max_error: float | None = None,
+                  dynamic_shapes: Any = None) -> CompiledModel:
     """Compile model for target. threads: CPU threads per kernel (default 1: predictable, and
     no oversubscription when the caller runs several models); autotune: "none" keeps the
     default schedules and skips device measurement (candidates are still timed: the e-graph's
@@ -69,7 +72,9 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
     TuningDB; default <cache_dir>/tuning.db) to read and record choices in; weights: "fp32", or a
     low-precision format for the weights of products (compiler.quantize: "bf16", "int8", "int4",
     "int4-128"), whose error on the example inputs is in the report; max_error: the largest
-    relative error of an output that a quantization may cause (larger: EclatError)."""
+    relative error of an output that a quantization may cause (larger: EclatError); dynamic_shapes:
+    torch.export's (a torch.export.Dim with a max for each size that varies): one program serves
+    every size within the bounds, its buffers sized for the largest."""
     start = time.perf_counter()
     if autotune not in AUTOTUNE_MODES:
         raise ValueError(f"autotune must be one of {AUTOTUNE_MODES}, given {autotune!r}")
@@ -85,7 +90,8 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
     arrays = [to_numpy(x) for x in leaves(example_inputs, structure, "example_inputs")]
     with recording() as spent:
         with phase("lower"):
-            graph = lower(model, example_inputs)
+            graph = lower(model, example_inputs, dynamic_shapes=dynamic_shapes)
+        _check_bounded(graph)
         arrays += [s.initial for s in graph.states]
         remember = None
         if autotune != "none" and verify and weights == "fp32":  # checked against torch when remembered
@@ -117,6 +123,9 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     compile_model."""
     start = time.perf_counter() if start is None else start
     backend = get_target(target)
+    if not backend.runtime_sizes and any(var_list(d) for n in graph.inputs for d in dims(n.shape)):
+        raise EclatError(f"dynamic_shapes: the {target} target compiles fixed sizes only; compile for "
+                         f"target='cpu', or once per size")
     bars = True if quiet else None  # progress bars: on a terminal, unless quiet
     missing = backend.missing()
     with phase("device"):
@@ -166,6 +175,9 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     finally:
         if owned:
             tdb.close()
+    if verify:
+        _verify_other_sizes(exe, program, candidates[stats.chosen] if weights != "fp32" else
+                            reference_graph(graph, candidates), arrays)
     report = _report(target, threads, device, program, exe, start)
     if weights != "fp32":
         report.quantization = accuracy(exact[stats.chosen], candidates[stats.chosen], arrays)
@@ -181,8 +193,57 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
 
 
 def _specs(graph: Graph) -> list[InputSpec]:
-    return [InputSpec(str(n.arg), tuple(int(d) for d in n.shape), n.dtype, graph.index_ranges.get(n.arg),
+    return [InputSpec(str(n.arg), dims(n.shape), n.dtype, graph.index_ranges.get(n.arg),
                       n.arg in graph.divisors) for n in graph.inputs]
+
+
+def _check_bounded(graph: Graph) -> None:
+    """Refuse a size that varies without a maximum: buffers are sized for the largest call."""
+    for n in graph.inputs:
+        for axis, d in enumerate(dims(n.shape)):
+            for v in var_list(d):
+                if v.hi > MAX_DYNAMIC_SIZE or v.lo < 0:
+                    raise EclatError(f"input {n.arg!r}, dimension {axis}: its size {v.name} ranges over "
+                                     f"{v.lo}..{v.hi}; give it a maximum of at most {MAX_DYNAMIC_SIZE} "
+                                     f"(torch.export.Dim(name, min=..., max=...)): buffers are sized for it")
+
+
+def _verify_other_sizes(exe: Any, program: Program, reference: Graph, arrays: list[np.ndarray]) -> None:
+    """Check a program with run-time sizes at sizes other than the example's, against reference."""
+    other = _other_sizes(reference, arrays) if program.sizes else None
+    if other is None:
+        return
+    with phase("verify"):
+        try:
+            verify(exe.run(other), interpret(reference, other),
+                   [program.buffers[name].dtype for name in program.outputs])
+        except EclatError as e:
+            sizes = bind_sizes([dims(n.shape) for n in reference.inputs], [a.shape for a in other])
+            raise EclatError(f"the compiled program is wrong at sizes {sizes}: {e}") from None
+
+
+def _other_sizes(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarray] | None:
+    """Inputs like arrays but with each run-time size moved (to its least value, or one past the
+    example's when that is it), made by cycling the example's values along the axes that change;
+    None when no size can move. A program checked at two sizes reads its sizes at run time."""
+    specs = [dims(n.shape) for n in graph.inputs]
+    env = bind_sizes(specs, [a.shape for a in arrays])
+    bounds = {v.name: v for shape in specs for d in shape for v in var_list(d)}
+    moved = {name: (v.lo if v.lo != env[name] else min(v.hi, env[name] + 1)) for name, v in bounds.items()}
+    if moved == env:
+        return None
+    out = []
+    for shape, a in zip(specs, arrays):
+        for axis, d in enumerate(shape):
+            n = int(evaluate(d, moved))
+            if n != a.shape[axis]:
+                a = np.take(a, np.arange(n) % max(a.shape[axis], 1), axis=axis)
+        out.append(np.ascontiguousarray(a))
+    try:
+        bind_sizes(specs, [a.shape for a in out])
+    except ValueError:  # sizes tied by expressions the move broke
+        return None
+    return out
 
 
 def _egraph_stats(egraph: dict) -> EgraphStats:

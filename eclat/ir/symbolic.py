@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 class Expr:
@@ -43,11 +44,13 @@ class Num(Expr):
 
 @dataclass(frozen=True, repr=False)
 class Var(Expr):
-    """A named integer in [lo, hi] (inclusive)."""
+    """A named integer in [lo, hi] (inclusive). An index over a size known only at run time also
+    knows that size (extent): it is below it, which bounds alone cannot say."""
 
     name: str
     lo: int = 0
     hi: int = 2**31 - 1
+    extent: Expr | None = None
 
     def __repr__(self) -> str: return self.name
 
@@ -86,6 +89,31 @@ def as_int(x: sint) -> int | None:
     if isinstance(x, Expr):
         return x.v if isinstance(x, Num) else None
     return int(x)
+
+
+def upper(x: sint) -> int:
+    """The largest value x takes: itself when constant, else its bound (a size known at run time)."""
+    v = as_int(x)
+    return bounds(x)[1] if v is None else v
+
+
+def is_loop_var(name: str) -> bool:
+    """Whether a variable is an index a kernel loops over: an axis i<k> or a reduction's r<k>. Any
+    other variable is a size known at run time (a torch.export symbol, s<k>), read, not looped."""
+    return name[:1] in ("i", "r") and name[1:].isdigit()
+
+
+def index_var(name: str, size: sint) -> Var:
+    """The variable indexing an axis of size elements."""
+    n = as_int(size)
+    if n is not None:
+        return Var(name, 0, max(n - 1, 0))
+    return Var(name, 0, max(upper(size) - 1, 0), to_expr(size))
+
+
+def dims(shape) -> tuple[sint, ...]:
+    """shape with its constant sizes as ints and its symbolic ones as expressions."""
+    return tuple(d if as_int(d) is None else as_int(d) for d in shape)
 
 
 def bounds(e: Expr) -> tuple[int, int]:
@@ -158,6 +186,11 @@ def floordiv(a: sint, b: sint) -> Expr:
                 if (isinstance(x, BinOp) and x.op == "*" and isinstance(x.b, Num)
                         and x.b.v % b.v == 0 and 0 <= bounds(y)[0] and bounds(y)[1] < b.v):
                     return mul(x.a, x.b.v // b.v)
+    if involves_sizes(a, b):
+        split = _divided(a, b)
+        if split is not None:
+            whole, rest, below = split
+            return whole if below else add(whole, BinOp("//", rest, b))
     return BinOp("//", a, b)
 
 
@@ -177,6 +210,11 @@ def mod(a: sint, b: sint) -> Expr:
             for x, y in ((a.a, a.b), (a.b, a.a)):
                 if isinstance(x, BinOp) and x.op == "*" and isinstance(x.b, Num) and x.b.v % b.v == 0:
                     return mod(y, b)
+    if involves_sizes(a, b):
+        split = _divided(a, b)
+        if split is not None:
+            _, rest, below = split
+            return rest if below else BinOp("%", rest, b)
     return BinOp("%", a, b)
 
 
@@ -187,7 +225,121 @@ def lt(a: sint, b: sint) -> Expr:
         return Num(1)
     if a0 >= b1:
         return Num(0)
+    if involves_sizes(a, b) and _below(_poly(a), _poly(b)):
+        return Num(1)
     return BinOp("<", a, b)
+
+
+# --- run-time sizes: index arithmetic as polynomials over sizes and indices ---------------------
+# Bounds cannot say that an index over a run-time size s is below s; these can, which is what
+# dividing a flat index by a stride such as 64 * s needs: (i1 * (64 * s) + i0 * 64 + i2) // (64 * s)
+# is i1 when i0 < s and i2 < 64.
+
+Poly = dict  # monomial (a sorted tuple of atoms: variables or opaque operations) -> coefficient
+
+
+def involves_sizes(*xs: Expr) -> bool:
+    """Whether any of xs involves a run-time size (or an index over one)."""
+    return any(v.extent is not None or not is_loop_var(v.name) for x in xs for v in var_list(x))
+
+
+def _poly(e: Expr) -> Poly:
+    if isinstance(e, Num):
+        return {(): e.v} if e.v else {}
+    if isinstance(e, BinOp) and e.op == "+":
+        return _padd(_poly(e.a), _poly(e.b))
+    if isinstance(e, BinOp) and e.op == "*":
+        out: Poly = {}
+        for ma, ca in _poly(e.a).items():
+            for mb, cb in _poly(e.b).items():
+                out = _padd(out, {tuple(sorted(ma + mb, key=render)): ca * cb})
+        return out
+    return {(e,): 1}
+
+
+def _padd(p: Poly, q: Poly, sign: int = 1) -> Poly:
+    out = dict(p)
+    for m, c in q.items():
+        out[m] = out.get(m, 0) + sign * c
+        if not out[m]:
+            del out[m]
+    return out
+
+
+def _expr(p: Poly) -> Expr:
+    out: Expr = Num(0)
+    for m in sorted(p, key=lambda m: [render(a) for a in m]):
+        term: Expr = Num(p[m])
+        for atom in m:
+            term = mul(term, atom)
+        out = add(out, term)
+    return out
+
+
+def _atom_max(atom: Expr) -> Poly | None:
+    """The largest value of a non-negative atom as a polynomial (a size stands for itself)."""
+    lo, hi = bounds(atom)
+    if lo < 0:
+        return None
+    if isinstance(atom, Var) and atom.extent is not None:
+        return _padd(_poly(atom.extent), {(): 1}, -1)
+    if isinstance(atom, Var) and not is_loop_var(atom.name):
+        return {(atom,): 1}
+    return {(): hi} if hi else {}
+
+
+def _most(p: Poly) -> Poly | None:
+    """An upper bound of p as a polynomial over sizes; None unless every term is non-negative."""
+    out: Poly = {}
+    for m, c in p.items():
+        if c < 0:
+            return None
+        term: Poly = {(): c}
+        for atom in m:
+            top = _atom_max(atom)
+            if top is None:
+                return None
+            term = _poly(mul(_expr(term), _expr(top)))
+        out = _padd(out, term)
+    return out
+
+
+def _nonnegative(p: Poly) -> bool:
+    return all(c >= 0 for c in p.values()) and all(bounds(a)[0] >= 0 for m in p for a in m)
+
+
+def _below(a: Poly, b: Poly) -> bool:
+    """Whether 0 <= a < b is provable: b - 1 - max(a) has no negative coefficient."""
+    top = _most(a)
+    return top is not None and _nonnegative(_padd(_padd(b, {(): 1}, -1), top, -1))
+
+
+def _divided(a: Expr, b: Expr) -> tuple[Expr, Expr, bool] | None:
+    """a as whole * b + rest for a divisor b that is one positive term: (whole, rest, whether
+    rest < b), rest never negative (// and % are rendered as C's, which truncate); None when no
+    term of a divides, or rest may be negative."""
+    pb = _poly(b)
+    if len(pb) != 1:
+        return None
+    (mb, cb), = pb.items()
+    if cb <= 0 or any(bounds(x)[0] < 1 for x in mb):
+        return None
+    whole: Poly = {}
+    rest: Poly = {}
+    for m, c in _poly(a).items():
+        left = list(m)
+        for x in mb:
+            if x not in left:
+                break
+            left.remove(x)
+        else:
+            if c % cb == 0:
+                whole = _padd(whole, {tuple(left): c // cb})
+                continue
+        rest = _padd(rest, {m: c})
+    if not whole or not _nonnegative(rest):
+        return None
+    return _expr(whole), _expr(rest), _below(rest, pb)
 
 
 def logical_and(a: sint, b: sint) -> Expr:
@@ -284,6 +436,13 @@ def evaluate(x: sint, env: Mapping[str, int] | None = None):
     return _PY[x.op](a, b)
 
 
+def var_list(x: sint) -> list[Var]:
+    """The variables of x (as objects, with their bounds), each as often as it occurs."""
+    if isinstance(x, Var):
+        return [x]
+    return var_list(x.a) + var_list(x.b) if isinstance(x, BinOp) else []
+
+
 def variables(x: sint) -> set[str]:
     if isinstance(x, Var):
         return {x.name}
@@ -323,6 +482,28 @@ def prod(xs) -> sint:
     for x in xs:
         out = out * x if isinstance(out, Expr) or isinstance(x, Expr) else out * int(x)
     return out
+
+
+def size_to_json(x: sint) -> int | dict:
+    """A size as JSON data: an int, or a variable or operation as a dict (size_from_json reads it)."""
+    x = to_expr(x)
+    if isinstance(x, Num):
+        return x.v
+    if isinstance(x, Var):
+        return {"var": x.name, "lo": x.lo, "hi": x.hi}
+    return {"op": x.op, "a": size_to_json(x.a), "b": size_to_json(x.b)}
+
+
+def size_from_json(data: Any) -> sint:
+    """The size size_to_json wrote (ValueError on anything else)."""
+    if type(data) is int:
+        return data
+    if isinstance(data, dict) and set(data) == {"var", "lo", "hi"} and isinstance(data["var"], str) \
+            and type(data["lo"]) is int and type(data["hi"]) is int:
+        return Var(data["var"], data["lo"], data["hi"])
+    if isinstance(data, dict) and set(data) == {"op", "a", "b"} and data["op"] in _PY:
+        return BinOp(data["op"], to_expr(size_from_json(data["a"])), to_expr(size_from_json(data["b"])))
+    raise ValueError(f"not a size: {data!r}")
 
 
 def sym_eq(a: sint, b: sint) -> bool:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .symbolic import Expr, Var, as_int, logical_and, lt, prod, sint, sym_eq, to_expr
+from .symbolic import Expr, Var, as_int, index_var, logical_and, lt, prod, sint, sym_eq, to_expr
 
 
 def contiguous_strides(shape: Sequence[sint]) -> tuple[sint, ...]:
@@ -268,11 +268,7 @@ class View:
 
     def index_vars(self, prefix: str = "i") -> list[Var]:
         """One bounded variable per axis, for generating index expressions."""
-        out = []
-        for k, n in enumerate(self.shape):
-            hi = as_int(n)
-            out.append(Var(f"{prefix}{k}", 0, (hi - 1) if hi is not None else to_expr(n).vmax - 1))
-        return out
+        return [index_var(f"{prefix}{k}", n) for k, n in enumerate(self.shape)]
 
     def __str__(self) -> str:
         parts = [f"shape={tuple(self.shape)}", f"strides={tuple(self.strides)}"]

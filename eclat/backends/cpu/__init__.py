@@ -14,6 +14,7 @@ class CpuTarget(Target):
     name = "cpu"
     source_member = "kernels.ll"
     fused = frozenset({"attention"})  # attention.py: one pass over the keys, online softmax
+    runtime_sizes = True  # a SIZES argument every kernel that needs one reads (emitter.py)
 
     def rules(self) -> tuple[Any, ...]:
         from .rules import RULES

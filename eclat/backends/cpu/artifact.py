@@ -29,7 +29,7 @@ def cpu_layout(program: Program) -> tuple[MemoryPlan, list[str]]:
     """The memory plan and the argument slots the CPU backend builds program's code with: derived at
     load, never taken on trust."""
     code, plan = layout(dataclasses.replace(program, buffers=dict(program.buffers)))  # folding adds buffers
-    return plan, slots_of(code.buffers)
+    return plan, slots_of(code)
 
 
 def packed_copies(program: Program) -> set[str]:

@@ -42,6 +42,8 @@ def attention_parts(att: Attention | None, kernel: Kernel, lanes: int) -> tuple[
     against a key row (no query-row variable); None otherwise (the generic loops run it)."""
     if att is None or att.score is None or kernel.body.dtype is not DType.float32:
         return None
+    if not all(isinstance(n, int) for n in (*kernel.shape, att.size, att.score.size)):
+        return None  # run-time sizes: the generic loops
     last = f"i{len(kernel.shape) - 1}"
     v = att.v
     if not (isinstance(v, Load) and v.valid == Num(1) and kernel.shape[-1] % lanes == 0

@@ -19,6 +19,7 @@ vector unit of `lanes` float32 lanes, the host's unless told (host.vector_lanes(
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
@@ -26,10 +27,11 @@ import numpy as np
 
 from ...compiler.kernel import Buffer, Kernel, Program, as_attention, bytes_moved, flops
 from ...compiler.memplan import MemoryPlan
+from ...ir.symbolic import Num, Var, sint, upper
 from . import host
 from .attention import AttentionEmitter, attention_parts
 from .contraction import PACKED, ContractionEmitter, contraction_of
-from .emitter import KERNEL_TYPE, KernelEmitter
+from .emitter import INDEX_OPS, KERNEL_TYPE, SIZES, KernelEmitter
 from .scalar import I8, I32, I64, PTR, i64
 
 # below both, handing a kernel to the pool costs more than it saves; a copy above the bytes
@@ -58,23 +60,28 @@ class Module:
         return str(linked(self))
 
 
-def slots_of(buffers: dict[str, Buffer]) -> list[str]:
-    """The buffers passed to eclat_run, in order: every one but the temporaries, the arena last."""
-    return [n for n, b in buffers.items() if b.role != "temp"] + ["<arena>"]
+def slots_of(program: Program) -> list[str]:
+    """The buffers passed to eclat_run, in order: every one but the temporaries, then the run-time
+    sizes (int64, in program.sizes' order) if there are any, the arena last."""
+    names = [n for n, b in program.buffers.items() if b.role != "temp"]
+    return names + ([SIZES] if program.sizes else []) + ["<arena>"]
 
 
 def emitter(mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer], packed: dict[str, np.ndarray],
-            lanes: int) -> KernelEmitter:
+            lanes: int, sizes: Sequence[Var] = ()) -> KernelEmitter:
     """The emitter for kernel: the attention or contraction micro-kernels where they apply, else
-    loops."""
+    loops. sizes: the program's run-time sizes."""
     att = as_attention(kernel)
     parts = attention_parts(att, kernel, lanes)
+    c = contraction_of(kernel, buffers) if parts is None else None
     if parts is not None:
-        return AttentionEmitter(mod, kernel, buffers, packed, lanes, att, parts)
-    c = contraction_of(kernel, buffers)
-    if c is not None:
-        return ContractionEmitter(mod, kernel, buffers, packed, lanes, c)
-    return KernelEmitter(mod, kernel, buffers, packed, lanes)
+        em: KernelEmitter = AttentionEmitter(mod, kernel, buffers, packed, lanes, att, parts)
+    elif c is not None:
+        em = ContractionEmitter(mod, kernel, buffers, packed, lanes, c)
+    else:
+        em = KernelEmitter(mod, kernel, buffers, packed, lanes)
+    em.read_sizes(sizes)
+    return em
 
 
 def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: int | None = None) -> Module:
@@ -89,13 +96,13 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
         del program.buffers[name]
     mod = ir.Module(name="eclat")
     packed: dict[str, np.ndarray] = {}
-    calls: list[tuple[str, list[str], int]] = []
+    calls: list[tuple[str, list[str], sint]] = []
     used: set[str] = set()
     parallel: list[str] = []
-    functions: dict[str, tuple[str, int]] = {}
+    functions: dict[str, tuple[str, sint]] = {}
     kernels: dict[str, ir.Module] = {}
     for k in program.kernels:
-        em = emitter(ir.Module(name=k.name), k, program.buffers, packed, lanes)
+        em = emitter(ir.Module(name=k.name), k, program.buffers, packed, lanes, program.sizes)
         key = em.key()
         if key not in functions:
             # named by its code: equal kernels of any program are one function, compiled once (jit)
@@ -108,25 +115,25 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
         calls.append((fn_name, em.arg_names, outer))
         used |= em.used
         big = flops(k) >= PARALLEL_MIN_FLOPS or bytes_moved(k, program.buffers) >= PARALLEL_MIN_BYTES
-        if k.schedule.threads > 1 and threads > 1 and outer > 1 and big:
+        if k.schedule.threads > 1 and threads > 1 and upper(outer) > 1 and big:
             parallel.append(k.name)
-    slot_names = slots_of(program.buffers)
+    slot_names = slots_of(program)
     _entry(mod, program, plan, slot_names, calls, set(parallel), threads)
     return Module(mod, kernels, {k.name: fn for k, (fn, _, _) in zip(program.kernels, calls)}, slot_names,
                   packed, parallel, used, lanes)
 
 
 def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[str],
-           calls: list[tuple[str, list[str], int]], parallel: set[str], threads: int) -> None:
+           calls: list[tuple[str, list[str], sint]], parallel: set[str], threads: int) -> None:
     """eclat_run calls every kernel in order; eclat_kernel_<j> calls kernel j alone (profiling)."""
     steps = [(k, fn, names, n) for k, (fn, names, n) in zip(program.kernels, calls)]
-    _caller(mod, "eclat_run", steps, plan, slot_names, parallel, threads)
+    _caller(mod, "eclat_run", steps, plan, slot_names, parallel, threads, program.sizes)
     for j, step in enumerate(steps):
-        _caller(mod, f"eclat_kernel_{j}", [step], plan, slot_names, parallel, threads)
+        _caller(mod, f"eclat_kernel_{j}", [step], plan, slot_names, parallel, threads, program.sizes)
 
 
-def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str], int]], plan: MemoryPlan,
-            slot_names: list[str], parallel: set[str], threads: int) -> None:
+def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str], sint]], plan: MemoryPlan,
+            slot_names: list[str], parallel: set[str], threads: int, sizes: Sequence[Var]) -> None:
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     slot = {name: j for j, name in enumerate(slot_names)}
@@ -144,17 +151,29 @@ def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str],
                 ptrs[name] = b.gep(arena, [i64(plan.offsets[name])], source_etype=I8)
         return ptrs[name]
 
+    def size(e: sint) -> ir.Value:
+        """A run-time size's value (the length of a kernel's outer loop)."""
+        if isinstance(e, int):
+            return i64(e)
+        if isinstance(e, Num):
+            return i64(e.v)
+        if isinstance(e, Var):
+            at = b.gep(pointer(SIZES), [i64([v.name for v in sizes].index(e.name))], source_etype=I64)
+            return b.load(at, typ=I64)
+        return INDEX_OPS[e.op](b, size(e.a), size(e.b))
+
     for k, fn_name, names, n in steps:
         if n == 0:
             continue
+        n = size(n)
         args = b.alloca(PTR, size=max(len(names), 1))
         for j, name in enumerate(names):
             b.store(pointer(name), b.gep(args, [i64(j)], source_etype=PTR))
         kfn = mod.globals[fn_name]
         if k.name in parallel:
-            b.call(pool, [kfn, args, i64(n), ir.Constant(I32, min(threads, k.schedule.threads))])
+            b.call(pool, [kfn, args, n, ir.Constant(I32, min(threads, k.schedule.threads))])
         else:
-            b.call(kfn, [args, i64(0), i64(n)])
+            b.call(kfn, [args, i64(0), n])
     b.ret_void()
 
 

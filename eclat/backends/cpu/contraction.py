@@ -8,7 +8,6 @@ several row blocks read it).
 from __future__ import annotations
 
 import hashlib
-import math
 
 import llvmlite.ir as ir
 import numpy as np
@@ -29,7 +28,7 @@ from ...compiler.kernel import (
 )
 from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
-from ...ir.symbolic import Expr, Num, Var, evaluate, terms
+from ...ir.symbolic import Expr, Num, Var, evaluate, prod, sint, terms, to_expr, upper
 from ...ir.view import contiguous_strides
 from ..derived import derived
 from . import host
@@ -50,7 +49,7 @@ def contraction_of(kernel: Kernel, buffers: dict[str, Buffer]) -> Contraction | 
     would gather it element by element, where the plain loops run the reduction as a vectorised
     dot product (the scores of decode attention: a query against the cache's rows)."""
     c = as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
-    if c is None or c.m_axis is not None and kernel.shape[c.m_axis] > 1:
+    if c is None or c.m_axis is not None and upper(kernel.shape[c.m_axis]) > 1:
         return c
     b, n_var = c.b, f"i{c.n_axis}"
     if isinstance(b, Load) and b.valid == Num(1) and buffers[b.buffer].role == "weight" and \
@@ -120,10 +119,10 @@ class ContractionEmitter(KernelEmitter):
         if not (isinstance(b, Load) and b.valid == Num(1) and self.buffers[b.buffer].role == "weight"):
             return None
         n_var, k_var = f"i{c.n_axis}", c.reduce.var.name
-        if not free_vars(b) <= {n_var, k_var}:
+        n, kk = k.shape[c.n_axis], c.reduce.size
+        if not free_vars(b) <= {n_var, k_var} or not isinstance(n, int) or not isinstance(kk, int):
             return None
         nr = self.tile()[1]
-        n, kk = k.shape[c.n_axis], c.reduce.size
         name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
             source = self.buffers[b.buffer]
@@ -138,10 +137,10 @@ class ContractionEmitter(KernelEmitter):
         """The schedule's register block, clamped to the rows and whole vectors."""
         c, k, lanes = self.contraction, self.k, self.lanes
         mr, nr = k.schedule.tile
-        m_size = k.shape[c.m_axis] if c.m_axis is not None else 1
+        m_size = upper(k.shape[c.m_axis]) if c.m_axis is not None else 1
         return max(1, min(mr, m_size)), max(lanes, nr - nr % lanes)
 
-    def body(self) -> int:
+    def body(self) -> sint:
         c: Contraction = self.contraction
         k, lanes = self.k, self.lanes
         shape = k.shape
@@ -149,10 +148,13 @@ class ContractionEmitter(KernelEmitter):
             return 0
         mr, nr = self.tile()
         nv = nr // lanes
+        # any size may be known only at run time: static choices take its bound
         m_size = shape[c.m_axis] if c.m_axis is not None else 1
         n_size, kk = shape[c.n_axis], c.reduce.size
-        panels, blocks = -(-n_size // nr), -(-m_size // mr)
-        self.streaming = blocks == 1  # each packed weight is read once per call
+        panels = (to_expr(n_size) + (nr - 1)) // nr
+        most_blocks = -(-upper(m_size) // mr)
+        blocks = self.sym((to_expr(m_size) + (mr - 1)) // mr)
+        self.streaming = most_blocks == 1  # each packed weight is read once per call
         batch = [a for a in range(len(shape)) if a not in (c.m_axis, c.n_axis)]
         tile = self.b.alloca(F32, size=mr * nr)
         vt = ir.VectorType(F32, lanes)
@@ -167,14 +169,14 @@ class ContractionEmitter(KernelEmitter):
         sets = 1
         if mr == 1:
             sets = max(1, min(ACCUMULATOR_CHAINS // nv, (host.vector_registers() - 1) // nv - 1))
-        if copied and blocks > 1 and 0 < kk * nr * 4 <= RUNTIME_PACK_BYTES:
-            self.scratch = self.b.alloca(F32, size=kk * nr)
+        if copied and most_blocks > 1 and 0 < upper(kk) * nr * 4 <= RUNTIME_PACK_BYTES:
+            self.scratch = self.b.alloca(F32, size=upper(kk) * nr)
 
         def micro(p: ir.Value, mb: ir.Value) -> None:
             bb = self.b
             n0 = bb.mul(p, i64(nr))
             m0 = bb.mul(mb, i64(mr))
-            full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), i64(n_size))
+            full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), self.sym(n_size))
 
             def kstep(kv: ir.Value, accs: list[ir.Value], steps=None, sums: bool = False) -> list[ir.Value]:
                 """accs += a x b over the steps of k (its own, or `steps`), and the rows' sums of a
@@ -187,7 +189,7 @@ class ContractionEmitter(KernelEmitter):
                     for r in range(mr):
                         with self.scope.nested():
                             if c.m_axis is not None:
-                                row, last = bb.add(m0, i64(r)), i64(m_size - 1)
+                                row, last = bb.add(m0, i64(r)), self.sym(to_expr(m_size) - 1)
                                 row = bb.select(bb.icmp_signed(">", row, last), last, row)
                                 self.scope.bind(f"i{c.m_axis}", row)
                             av = self.emit(c.a)
@@ -233,11 +235,15 @@ class ContractionEmitter(KernelEmitter):
                 accs = self.loop(i64(0), i64(kk // self.group), zeros, group)
             elif nibbles:  # one byte holds two steps of k
                 accs = self.loop(i64(0), i64(kk // 2), zeros, kstep)
-            else:
+            elif isinstance(kk, int):
                 accs = zeros if not kk else merged(self.loop(i64(0), i64(kk // sets), zeros * sets, unrolled),
                                                    len(zeros))
                 if kk % sets:
                     accs = self.loop(i64(kk - kk % sets), i64(kk), accs, kstep)
+            else:  # a run-time length: the sets' steps, then the rest one by one
+                whole = self.sym(to_expr(kk) // sets)
+                accs = merged(self.loop(i64(0), whole, zeros * sets, unrolled), len(zeros))
+                accs = self.loop(bb.mul(whole, i64(sets)), self.sym(kk), accs, kstep)
             if self.pack_format == "int8":  # one scale per column: applied once, after the sum
                 scales = [self._vector(self.pack_name + SCALES, bb.add(n0, i64(v * lanes)), F32, vt)
                           for v in range(nv)]
@@ -249,23 +255,24 @@ class ContractionEmitter(KernelEmitter):
         # one outer loop over (panel, batch) pairs, panel-major: threads split it even when
         # there is a single panel (a convolution's GEMM over 16 output columns per image row)
         sizes = [shape[a] for a in batch]
-        per_panel = math.prod(sizes)
+        per_panel = prod(sizes)
 
         def step(j: ir.Value, _a: list) -> list:
             bb = self.b
-            p = bb.sdiv(j, i64(per_panel))
-            rest = bb.srem(j, i64(per_panel))
+            p = bb.sdiv(j, self.sym(per_panel))
+            rest = bb.srem(j, self.sym(per_panel))
             for a, stride, size in zip(batch, contiguous_strides(sizes), sizes):
-                self.scope.bind(f"i{a}", bb.srem(bb.sdiv(rest, i64(stride)), i64(size)))
+                self.scope.bind(f"i{a}", bb.srem(bb.sdiv(rest, self.sym(stride)), self.sym(size)))
             if self.scratch is not None:
                 self._pack_panel(c, p, nr, kk, n_size)
-            self.loop(i64(0), i64(blocks), [], lambda mb, _c: micro(p, mb) or [])
+            self.loop(i64(0), blocks, [], lambda mb, _c: micro(p, mb) or [])
             return []
 
         self.loop(self.fn.args[1], self.fn.args[2], [], step)
-        return panels * per_panel
+        outer = panels * per_panel
+        return outer.v if isinstance(outer, Num) else outer
 
-    def _pack_panel(self, c: Contraction, p: ir.Value, nr: int, kk: int, n_size: int) -> None:
+    def _pack_panel(self, c: Contraction, p: ir.Value, nr: int, kk: sint, n_size: sint) -> None:
         """scratch[k * NR + col] = b at (panel p's column col clamped, k), for the current batch; a
         low-precision panel decoded (int8 unscaled: its scales apply after the sum)."""
         n0 = self.b.mul(p, i64(nr))
@@ -278,12 +285,12 @@ class ContractionEmitter(KernelEmitter):
                         at = self.b.add(self.b.mul(k_at, i64(nr)), i64(v * self.lanes))
                         store_through(self.b, vec, vector_ptr(self.b, self.scratch, at))
                 return []
-            self.loop(i64(0), i64(kk // (2 if self._nibbles() else 1)), [], decode)
+            self.loop(i64(0), self.sym(to_expr(kk) // (2 if self._nibbles() else 1)), [], decode)
             return
 
         vt = ir.VectorType(F32, self.lanes)
         unit = self._unit_stride(c.b, f"i{c.n_axis}")
-        full = self.b.icmp_signed("<=", self.b.add(n0, i64(nr)), i64(n_size))
+        full = self.b.icmp_signed("<=", self.b.add(n0, i64(nr)), self.sym(n_size))
 
         def step(kv: ir.Value, _a: list) -> list:
             self.scope.bind(c.reduce.var.name, kv)
@@ -292,7 +299,7 @@ class ContractionEmitter(KernelEmitter):
                 at = self.b.add(self.b.mul(kv, i64(nr)), i64(v * self.lanes))
                 store_through(self.b, vec, vector_ptr(self.b, self.scratch, at))
             return []
-        self.loop(i64(0), i64(kk), [], step)
+        self.loop(i64(0), self.sym(kk), [], step)
 
     def _unit_stride(self, e: KExpr, n_var: str) -> bool:
         if not (isinstance(e, Load) and e.valid == Num(1)):
@@ -409,14 +416,14 @@ class ContractionEmitter(KernelEmitter):
             where = bb.gep(ptr, [bb.add(at, i64(PREFETCH_BYTES + line))], source_etype=I8)
             bb.call(fn, [where, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
-    def _b_columns(self, c: Contraction, n0: ir.Value, nr: int, n_size: int) -> list[ir.Value]:
+    def _b_columns(self, c: Contraction, n0: ir.Value, nr: int, n_size: sint) -> list[ir.Value]:
         """The right operand at columns n0 .. n0+NR-1 (clamped to the last column)."""
         bb = self.b
         out = []
         for col in range(nr):
             with self.scope.nested():
                 n = bb.add(n0, i64(col))
-                last = i64(n_size - 1)
+                last = self.sym(to_expr(n_size) - 1)
                 self.scope.bind(f"i{c.n_axis}", bb.select(bb.icmp_signed(">", n, last), last, n))
                 out.append(self.emit(c.b))
         return out
@@ -429,12 +436,12 @@ class ContractionEmitter(KernelEmitter):
         return vecs
 
     def _epilogue(self, c: Contraction, tile: ir.Value, m0: ir.Value, n0: ir.Value, mr: int, nr: int,
-                  m_size: int, n_size: int) -> None:
+                  m_size: sint, n_size: sint) -> None:
         """The kernel's body per element of the tile, its sum taken from the accumulators: over a
         whole tile in loops of known length that vectorise, over an edge tile element by element."""
         bb = self.b
-        rows = bb.sub(i64(m_size), m0)
-        cols = bb.sub(i64(n_size), n0)
+        rows = bb.sub(self.sym(m_size), m0)
+        cols = bb.sub(self.sym(n_size), n0)
         whole = bb.and_(bb.icmp_signed(">=", rows, i64(mr)), bb.icmp_signed(">=", cols, i64(nr)))
         k = self.k
         where = ravel(axis_vars(k.shape), k.shape)

@@ -36,6 +36,7 @@ from ...compiler.kernel import (
     children,
     free_vars,
     loads,
+    mentioned_sizes,
     reduces,
     rewrite,
     walk,
@@ -54,6 +55,7 @@ from ...ir.symbolic import (
     ranges,
     rename,
     terms,
+    upper,
     variables,
 )
 from ..scope import Scope
@@ -78,6 +80,7 @@ from .scalar import (
 )
 
 KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
+SIZES = "<sizes>"  # the argument holding the run-time sizes (int64, in the program's order)
 INTERLEAVE = 4  # vectors in flight in vectorised inner loops
 VECTORIZER_MIN_TRIP = 16  # LLVM's loop vectoriser leaves loops shorter than this alone unless told
 UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
@@ -103,16 +106,27 @@ class KernelEmitter:
         self.pack_name: str | None = None  # a weight packed at compile time, read instead of its source
         self.pack_format: str | None = None  # its low-precision format (compiler.quantize), None: float32
         self.used = set(self.arg_names)  # what the code dereferences: not a weight it reads packed
+        self.size_slots: dict[Var, int] = {}  # run-time sizes it reads -> their place in SIZES
+
+    def read_sizes(self, sizes: Sequence[Var]) -> None:
+        """Take the program's run-time sizes that this kernel mentions from the SIZES argument."""
+        named = mentioned_sizes(self.k)
+        self.size_slots = {v: j for j, v in enumerate(sizes) if v.name in named}
+        if self.size_slots:
+            self.arg_names.append(SIZES)
+            self.used.add(SIZES)
 
     def key(self) -> str:
         """The kernel's code with its buffers named by argument position."""
-        canon = {n: f"arg{j}:{self.buffers[n].numel}" for j, n in enumerate(self.arg_names)}
+        canon = {n: f"arg{j}:{self.buffers[n].numel if n in self.buffers else n}"
+                 for j, n in enumerate(self.arg_names)}
         text = str(self.k.body) + "".join(f"|sum:{sd.body}" for sd in self.k.sides)
         body = re.sub(r"buffer='([^']*)'", lambda m: f"buffer={canon[m.group(1)]}", text)
         rvars: dict[str, str] = {}  # reduce variables are named after graph positions
         body = re.sub(r"\br\d+\b", lambda m: rvars.setdefault(m.group(0), f"r#{len(rvars)}"), body)
         packed = self.pack_name is not None and (self.pack_format or "f32")
-        return f"{self.k.shape}|{self.k.schedule}|{canon[self.k.out]}|{packed}|{body}"
+        sizes = {f"{v.name}[{v.lo},{v.hi}]": j for v, j in self.size_slots.items()}
+        return f"{self.k.shape}|{self.k.schedule}|{canon[self.k.out]}|{packed}|{sizes}|{body}"
 
     def function(self, name: str) -> int:
         """Emit the function `name` (module-visible: codegen compiles it in a module of its own); returns
@@ -123,6 +137,9 @@ class KernelEmitter:
         self.scope: Scope[ir.Value] = Scope()
         self.ptr = {n: self.b.load(self.b.gep(self.fn.args[0], [i64(j)], source_etype=PTR), typ=PTR)
                     for j, n in enumerate(self.arg_names)}
+        for v, j in self.size_slots.items():
+            at = self.b.gep(self.ptr[SIZES], [i64(j)], source_etype=I64)
+            self.scope.bind(v.name, self.b.load(at, typ=I64))
         self.fv_memo: dict = {}
         self._nested = False
         outer = self.body()
@@ -197,7 +214,7 @@ class KernelEmitter:
         if 0 in shape:
             return 0
         # leading unit axes are constants, so the first real axis is the one threads split
-        lead = next((d for d, n in enumerate(shape) if n > 1), max(len(shape) - 1, 0))
+        lead = next((d for d, n in enumerate(shape) if upper(n) > 1), max(len(shape) - 1, 0))
         for d in range(lead):
             self.scope.bind(vars_[d].name, i64(0))
         self.hoist(cands)
@@ -218,7 +235,7 @@ class KernelEmitter:
             elif d + 2 == len(shape) and k.sides:
                 self._row_with_sides(vars_, cands)
             elif d + 1 < len(shape):
-                self.loop(i64(0), i64(shape[d + 1]), [], lambda i2, a: level(d + 1, i2, a))
+                self.loop(i64(0), self.sym(shape[d + 1]), [], lambda i2, a: level(d + 1, i2, a))
             else:
                 self.store(k.out, ravel(vars_, shape), self.emit(k.body), k.body.dtype)
             return []
@@ -241,7 +258,7 @@ class KernelEmitter:
             return [binary(self.b, "add", [acc, self.emit(sd.body)], DType.float32)
                     for acc, sd in zip(accs, k.sides)]
 
-        sums = self.loop(i64(0), i64(k.shape[-1]), [zero(DType.float32)] * len(k.sides), element)
+        sums = self.loop(i64(0), self.sym(k.shape[-1]), [zero(DType.float32)] * len(k.sides), element)
         row = ravel(vars_[:-1], k.shape[:-1])
         for sd, value in zip(k.sides, sums):
             self.store(sd.out, row, value, DType.float32)
@@ -253,6 +270,8 @@ class KernelEmitter:
         Rows are then written as zeros | x unmasked | zeros, which vectorise; a per-element
         mask and clamped reads do not."""
         body, last = self.k.body, f"i{len(self.k.shape) - 1}"
+        if not isinstance(self.k.shape[-1], int):
+            return None
         if isinstance(body, Op) and body.op == "where" and isinstance(body.srcs[0], Index) \
                 and isinstance(body.srcs[2], Const) and body.srcs[2].value == 0:
             cond, x = body.srcs[0].expr, body.srcs[1]
@@ -277,6 +296,8 @@ class KernelEmitter:
         reduction variables are, and the body there, its masks folded away. Rows then run masked
         at their edges only: a mask per element keeps the loop from vectorising."""
         k, last = self.k, f"i{len(self.k.shape) - 1}"
+        if not isinstance(k.shape[-1], int):
+            return None
         atoms = [a for e in _masks(k.body) for a in conjuncts(e) if last in variables(a)]
         if not atoms:
             return None
@@ -362,7 +383,7 @@ class KernelEmitter:
         if hit is not None:
             return hit
         assert isinstance(e, BinOp)
-        v = _INDEX_OPS[e.op](self.b, self.sym(e.a), self.sym(e.b))
+        v = INDEX_OPS[e.op](self.b, self.sym(e.a), self.sym(e.b))
         return self.scope.remember(key, v)
 
     # --- values ------------------------------------------------------------------------------
@@ -383,7 +404,7 @@ class KernelEmitter:
             idx = b.sext(idx, I64) if idx.type != I64 else idx
             idx = b.select(b.icmp_signed("<", idx, i64(0)), i64(0), idx)
             idx = b.select(b.icmp_signed(">", idx, i64(e.rows - 1)), i64(e.rows - 1), idx)
-            flat = b.add(b.mul(idx, i64(e.row_size)), self.sym(e.inner))
+            flat = b.add(b.mul(idx, self.sym(e.row_size)), self.sym(e.inner))
             out = self.load_at(e.buffer, flat, e.dtype)
         elif isinstance(e, Op):
             out = self.op(e)
@@ -429,7 +450,8 @@ class KernelEmitter:
     def reduce(self, r: Reduce) -> ir.Value:
         cands = reduces(r.body)
         op = COMBINE[r.op]
-        if r.size <= UNROLL_REDUCE or r.size * _tree_ops(r.body, UNROLL_OPS // r.size) <= UNROLL_OPS:
+        if isinstance(r.size, int) and (
+                r.size <= UNROLL_REDUCE or r.size * _tree_ops(r.body, UNROLL_OPS // r.size) <= UNROLL_OPS):
             # a pooling window, a filter's taps: straight-line code keeps the outer loop vectorisable
             acc = identity(r.op, r.dtype)
             for j in range(r.size):
@@ -438,7 +460,7 @@ class KernelEmitter:
             return acc
         if r.op == "max_reduce" and r.dtype.is_float:
             return self._float_max(r, cands)
-        return self.loop(i64(0), i64(r.size), [identity(r.op, r.dtype)],
+        return self.loop(i64(0), self.sym(r.size), [identity(r.op, r.dtype)],
                          lambda i, accs: [binary(self.b, op, [accs[0], self._term(r, cands, i)], r.dtype)])[0]
 
     def _float_max(self, r: Reduce, cands: list[Reduce]) -> ir.Value:
@@ -454,10 +476,10 @@ class KernelEmitter:
             return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz")),
                     binary(b, "add", [accs[1], x], r.dtype)]
 
-        best, total = self.loop(i64(0), i64(r.size), [identity(r.op, r.dtype), zero(r.dtype)], body)
+        best, total = self.loop(i64(0), self.sym(r.size), [identity(r.op, r.dtype), zero(r.dtype)], body)
         pre = b.block
         with b.if_then(b.fcmp_unordered("uno", total, total), likely=False):
-            nan_seen = self.loop(i64(0), i64(r.size), [ir.Constant(I1, 0)], lambda i, accs: [
+            nan_seen = self.loop(i64(0), self.sym(r.size), [ir.Constant(I1, 0)], lambda i, accs: [
                 b.or_(accs[0], b.fcmp_unordered("uno", *[self._term(r, cands, i)] * 2))])[0]
             checked = b.block
         nan = b.phi(I1)
@@ -499,7 +521,8 @@ def _tree_ops(e: KExpr, limit: int) -> int:
     """Nodes of e as a tree, a reduce's body counted once per term (its size unrolled), counted no
     further than limit + 1: a deep fused DAG is exponentially large as a tree."""
     if isinstance(e, Reduce):
-        return min(limit + 1, e.size * _tree_ops(e.body, limit // e.size))
+        size = upper(e.size)
+        return min(limit + 1, size * _tree_ops(e.body, limit // max(size, 1)))
     total = 1
     for c in children(e):
         if total > limit:
@@ -517,7 +540,7 @@ def _both(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.zext(b.and_(b.icmp_signed("!=", x, i64(0)), b.icmp_signed("!=", y, i64(0))), I64)
 
 
-_INDEX_OPS: dict[str, Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]] = {
+INDEX_OPS: dict[str, Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]] = {
     "+": lambda b, x, y: _nsw(b.add(x, y)),
     "*": lambda b, x, y: _nsw(b.mul(x, y)),
     "//": lambda b, x, y: b.sdiv(x, y),
@@ -641,8 +664,8 @@ def _below_own_max(e: KExpr, axes: list[Var]) -> bool:
     if not shift:
         return False
     r, x = shift[0].srcs[0], next(s for s in e.srcs if s is not shift[0])
-    return any(v.hi < r.size and rewrite(r.body, index=partial(rename, old=r.var.name, new=v)) == x
-               for v in axes)
+    return isinstance(r.size, int) and any(
+        v.hi < r.size and rewrite(r.body, index=partial(rename, old=r.var.name, new=v)) == x for v in axes)
 
 
 # --- loop hints --------------------------------------------------------------------------------

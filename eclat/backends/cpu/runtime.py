@@ -11,7 +11,10 @@ import numpy as np
 
 from ...compiler.kernel import Program, Schedule
 from ...compiler.memplan import MemoryPlan, plan_memory
+from ...compiler.specs import bind_sizes
+from ...ir.symbolic import evaluate
 from .codegen import build_module
+from .emitter import SIZES
 from .jit import Jitted, one_thread_warning
 from .schedules import default_schedule
 from .sides import fold_row_reductions
@@ -66,6 +69,7 @@ class NativeRun:
         self._in_slots = [self._index[name] for name in program.inputs]
         self._out_specs = [(self._index[name], tuple(shape), program.buffers[name].dtype.np)
                            for name, shape in zip(program.outputs, program.output_shapes)]
+        self._size_names = [v.name for v in program.sizes]
 
     def share_weights(self, other: NativeRun) -> int:
         """Bind each weight whose bytes equal one of other's to other's array, so that two programs
@@ -96,14 +100,22 @@ class NativeRun:
             slots[j] = base + (-base % 64)
         for j, data in self._weights.items():
             slots[j] = data.ctypes.data
-        return _CallState(slots, arena, ctypes.addressof(slots))
+        sizes = np.zeros(len(self.program.sizes), np.int64)
+        if self.program.sizes:
+            slots[self._index[SIZES]] = sizes.ctypes.data
+        return _CallState(slots, arena, ctypes.addressof(slots), sizes)
 
-    def _bind(self, slots: ctypes.Array, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def _bind(self, state: _CallState, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        slots = state.slots
         for j, a in zip(self._in_slots, inputs):
             slots[j] = _data(a)
+        env = None
+        if self._size_names:  # each call's sizes, read off its inputs (checked: buffers hold the bounds)
+            env = bind_sizes(self.program.input_shapes, [a.shape for a in inputs], self.program.inputs)
+            state.sizes[:] = [env[name] for name in self._size_names]
         outs = []
         for j, shape, dtype in self._out_specs:
-            o = np.empty(shape, dtype)
+            o = np.empty(shape if env is None else tuple(evaluate(n, env) for n in shape), dtype)
             slots[j] = _data(o)
             outs.append(o)
         return outs
@@ -114,7 +126,7 @@ class NativeRun:
         except IndexError:  # every state is in use by another thread's call
             state = self._state()
         try:
-            outs = self._bind(state.slots, inputs)
+            outs = self._bind(state, inputs)
             self._fn(state.address)
         finally:
             self._free.append(state)
@@ -130,6 +142,7 @@ class _CallState:
     slots: ctypes.Array  # eclat_run's argument: one pointer per slot
     arena: np.ndarray  # owns the temporaries' memory the arena slot points into
     address: int  # of slots
+    sizes: np.ndarray  # the run-time sizes of the call (int64, in program.sizes' order)
 
 
 def scheduled(program: Program, threads: int = 1, lanes: int | None = None) -> Program:
@@ -158,7 +171,7 @@ class CpuExecutable(NativeRun):
     def profile(self, inputs: list[np.ndarray], repeats: int = 5) -> list[float]:
         """Median microseconds of each kernel alone, in program order (inputs as for run)."""
         state = self._state()
-        keep = self._bind(state.slots, inputs)
+        keep = self._bind(state, inputs)
         self._fn(state.address)  # every temporary holds real values
         times = []
         for j in range(len(self.program.kernels)):

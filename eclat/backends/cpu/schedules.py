@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...compiler.kernel import Kernel, Schedule, as_contraction
+from ...ir.symbolic import upper
 from . import host
 
 # (rows, vectors) for 16 vector registers; the first is the default
@@ -50,11 +51,12 @@ def gemv_tiles(lanes: int | None = None, registers: int | None = None) -> list[t
 
 
 def _rows(kernel: Kernel) -> int | None:
-    """The output rows of a contraction kernel, None for another kernel."""
+    """The output rows of a contraction kernel (a run-time number of rows at its bound), None for
+    another kernel."""
     c = as_contraction(kernel)
     if c is None:
         return None
-    return kernel.shape[c.m_axis] if c.m_axis is not None else 1
+    return upper(kernel.shape[c.m_axis]) if c.m_axis is not None else 1
 
 
 def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,

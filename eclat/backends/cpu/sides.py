@@ -38,7 +38,7 @@ from ...compiler.kernel import (
     split_last,
 )
 from ...ir.dtypes import DType
-from ...ir.symbolic import Expr, Num, variables
+from ...ir.symbolic import Expr, Num, prod, upper, variables
 
 
 def fold_row_reductions(program: Program) -> Program:
@@ -82,14 +82,16 @@ def _foldable(r: Reduce, writers: dict[str, int], kernels: list[Kernel],
     if w is None or w >= reader or x.valid != Num(1):
         return None
     kw = kernels[w]
-    if not kw.sides and kw.shape and kw.shape[-1] > r.size and kw.shape[-1] % r.size == 0:
+    if not (kw.shape and isinstance(kw.shape[-1], int) and isinstance(r.size, int)):
+        return None  # rows of a run-time length
+    if not kw.sides and kw.shape[-1] > r.size and kw.shape[-1] % r.size == 0:
         kw = split_last(kw, r.size)  # its rows were merged (kernel.coalesce)
     shape = kw.shape
-    lead = next((d for d, n in enumerate(shape) if n > 1), len(shape))
+    lead = next((d for d, n in enumerate(shape) if upper(n) > 1), len(shape))
     if len(shape) < 2 or lead >= len(shape) - 1 or shape[-1] != r.size or as_contraction(kw) is not None \
             or kw.body.dtype is not DType.float32 or _padded(kw):
         return None
-    row, col = unravel(x.index, [kw.numel // r.size, r.size])
+    row, col = unravel(x.index, [prod(shape[:-1]), r.size])
     if col != r.var or r.var.name in variables(row):
         return None
     own = Load(x.buffer, ravel(axis_vars(shape), shape), Num(1), x.dtype)

@@ -1,0 +1,212 @@
+"""Sizes known only at run time (dynamic_shapes): one compile serves every size within the bounds,
+its kernels reading the sizes of each call; a size outside them is a clear error."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.export import Dim
+
+import eclat
+from eclat.errors import EclatError
+from eclat.ir.symbolic import BinOp, Num, Var, evaluate, floordiv, index_var, lt, mod, to_expr
+from eclat.ir.view import contiguous_strides
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1, self.l2, self.ln = torch.nn.Linear(32, 64), torch.nn.Linear(64, 16), torch.nn.LayerNorm(64)
+
+    def forward(self, x):
+        return torch.softmax(self.l2(torch.relu(self.ln(self.l1(x)))), -1)
+
+
+class Block(torch.nn.Module):
+    """A pre-norm transformer block with a causal mask built from the sequence length."""
+
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.att = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        h, t = self.ln1(x), x.shape[1]
+        mask = torch.triu(torch.full((t, t), float("-inf")), 1)
+        x = x + self.att(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.ff(self.ln2(x))
+
+
+class Pair(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.cat([x, y], 1).sum(0)
+
+
+def _compiled(model, example, dynamic, **options):
+    return eclat.compile(model.eval(), example, dynamic_shapes=dynamic, autotune="none", **options)
+
+
+def _check(compiled, model, *args, tol: float = 1e-4) -> None:
+    with torch.no_grad():
+        want = model(*args)
+    np.testing.assert_allclose(compiled(*args).numpy(), want.numpy(), rtol=tol, atol=tol)
+
+
+def test_one_compile_serves_every_batch_size_in_the_bounds():
+    model = Mlp().eval()
+    compiled = _compiled(model, (torch.randn(8, 32),), ({0: Dim("batch", min=1, max=64)},))
+    program = compiled.executable.program
+    assert [v.name for v in program.sizes] and program.input_shapes[0][1] == 32
+    for n in (1, 2, 3, 8, 17, 63, 64):
+        _check(compiled, model, torch.randn(n, 32))
+    assert compiled.executable.program is program  # nothing recompiled
+
+
+def test_a_transformer_block_over_every_sequence_length():
+    model = Block().eval()
+    compiled = _compiled(model, (torch.randn(1, 16, 32),), ({1: Dim("t", min=2, max=48)},))
+    for t in range(2, 49, 3):
+        _check(compiled, model, torch.randn(1, t, 32))
+
+
+def test_convolutions_and_embeddings_with_run_time_sizes():
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.Conv2d(8, 8, 3, stride=2, padding=1), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(8, 4)).eval()
+    conv[1].running_mean.uniform_(-1, 1)
+    conv[1].running_var.uniform_(0.5, 2)
+    compiled = _compiled(conv, (torch.randn(2, 3, 12, 12),), ({0: Dim("b", min=1, max=6)},))
+    for b in (1, 4, 6):
+        _check(compiled, conv, torch.randn(b, 3, 12, 12))
+    emb = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Tanh(), torch.nn.Linear(16, 50),
+                              torch.nn.LogSoftmax(-1)).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    compiled = _compiled(emb, (ids,), ({0: Dim("b", min=1, max=4), 1: Dim("t", min=1, max=20)},))
+    for shape in ((1, 1), (3, 9), (4, 20)):
+        _check(compiled, emb, torch.randint(0, 50, shape))
+
+
+def test_sizes_outside_their_bounds_or_disagreeing_are_clear_errors():
+    compiled = _compiled(Mlp(), (torch.randn(8, 32),), ({0: Dim("batch", min=2, max=16)},))
+    expected = r"input 0 \(x\): expected shape \[s\d+ in 2\.\.16, 32\], given \[17, 32\]"
+    with pytest.raises(ValueError, match=expected):
+        compiled(torch.randn(17, 32))
+    with pytest.raises(ValueError, match=r"given \[1, 32\]"):
+        compiled(torch.randn(1, 32))
+    with pytest.raises(ValueError, match=r"given \[4, 31\]"):
+        compiled(torch.randn(4, 31))
+    batch = Dim("batch", min=1, max=8)
+    pair = _compiled(Pair(), (torch.randn(3, 2), torch.randn(3, 5)), ({0: batch}, {0: batch}))
+    _check(pair, Pair(), torch.randn(5, 2), torch.randn(5, 5))
+    with pytest.raises(ValueError, match=r"input 1 \(y\)"):
+        pair(torch.randn(5, 2), torch.randn(4, 5))
+
+
+def test_a_size_without_a_maximum_or_on_a_fixed_size_target_is_refused():
+    with pytest.raises(EclatError, match="give it a maximum"):
+        _compiled(Mlp(), (torch.randn(8, 32),), ({0: Dim("batch")},))
+    with pytest.raises(EclatError, match="fixed sizes only"):
+        _compiled(Mlp(), (torch.randn(8, 32),), ({0: Dim("batch", max=16)},), target="opencl")
+
+
+def test_artifacts_keep_the_program_with_run_time_sizes(tmp_path):
+    model = Block().eval()
+    compiled = _compiled(model, (torch.randn(1, 8, 32),), ({1: Dim("t", min=2, max=24)},))
+    compiled.save(str(tmp_path / "block.eclat"))
+    loaded = eclat.load(str(tmp_path / "block.eclat"))
+    for t in (2, 11, 24):
+        _check(loaded, model, torch.randn(1, t, 32))
+    with pytest.raises(ValueError, match="must be in 2..24"):
+        loaded(torch.randn(1, 25, 32))
+
+
+def test_a_transformers_decoder_compiles_once_for_every_prompt_length():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=97, n_positions=64,
+                                     bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    lm = transformers.GPT2LMHeadModel(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    model = Logits().eval()
+    compiled = _compiled(model, (torch.randint(0, 97, (1, 12)),), ({1: Dim("t", min=1, max=32)},))
+    for t in range(1, 33):
+        _check(compiled, model, torch.randint(0, 97, (1, t)), tol=2e-4)
+
+
+# --- index arithmetic over run-time sizes ------------------------------------------------------
+
+def _c_value(e, env):
+    """e evaluated as the compiled code does: // and % truncate (C), where Python's floor."""
+    if isinstance(e, Num):
+        return e.v
+    if isinstance(e, Var):
+        return env[e.name]
+    a, b = _c_value(e.a, env), _c_value(e.b, env)
+    if e.op == "//":
+        return int(a / b)
+    if e.op == "%":
+        return a - int(a / b) * b
+    return int(evaluate(BinOp(e.op, Num(a), Num(b))))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_division_by_strides_of_run_time_shapes_is_exact(seed: int):
+    """A flat index of a shape with run-time sizes, divided and reduced by the strides of another
+    shape (what grouping's unravel does): simplified exactly, never to a division of a negative."""
+    rng = random.Random(seed)
+    sizes = [Var(f"s{k}", 1, 9) for k in range(2)]
+    shape = [rng.choice([3, 4, *sizes]) for _ in range(3)]
+    idx = [index_var(f"i{k}", n) for k, n in enumerate(shape)]
+    flat = to_expr(rng.randint(-4, 0))
+    for i, s in zip(idx, contiguous_strides(shape)):
+        flat = flat + i * s
+    other = [shape[1], shape[0], shape[2]]  # a shape its elements may be read in
+    for _ in range(30):
+        env = {v.name: rng.randint(v.lo, v.hi) for v in sizes}
+        env |= {i.name: rng.randrange(int(evaluate(n, env))) for i, n in zip(idx, shape)}
+        at = int(evaluate(flat, env))
+        assert _c_value(lt(idx[0], shape[0]), env) == 1
+        if at < 0:  # grouping divides only indices that are in range
+            continue
+        for stride, n in zip(contiguous_strides(other), other):
+            step, size = int(evaluate(stride, env)), int(evaluate(n, env))
+            if step:
+                assert _c_value(floordiv(flat, stride), env) == at // step, (floordiv(flat, stride), env)
+            assert _c_value(mod(flat, n), env) == at % size, (mod(flat, n), env)
+
+
+def test_the_cli_compiles_a_factory_with_dynamic_shapes_and_runs_other_sizes(tmp_path):
+    from eclat.cli import main
+
+    (tmp_path / "m.py").write_text(
+        "import torch\nfrom torch.export import Dim\n\n\ndef make():\n    torch.manual_seed(0)\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh()).eval()\n"
+        "    return model, (torch.randn(4, 8),), ({0: Dim('rows', min=1, max=32)},)\n")
+    artifact = tmp_path / "m.eclat"
+    spec = f"{tmp_path / 'm.py'}:make"
+    assert main(["compile", spec, "-o", str(artifact), "--autotune", "none", "--quiet"]) == 0
+    namespace: dict = {}
+    exec((tmp_path / "m.py").read_text(), namespace)
+    model = namespace["make"]()[0]
+    for rows in (1, 13):
+        x = torch.randn(rows, 8)
+        np.save(tmp_path / "x.npy", x.numpy())
+        out = tmp_path / "y.npz"
+        assert main(["run", str(artifact), "--inputs", str(tmp_path / "x.npy"), "-o", str(out)]) == 0
+        with torch.no_grad():
+            np.testing.assert_allclose(np.load(out)["output0"], model(x).numpy(), rtol=1e-5, atol=1e-6)
