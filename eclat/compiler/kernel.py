@@ -60,6 +60,7 @@ from ..ir.symbolic import (
     map_vars,
     sint,
     terms,
+    to_expr,
     upper,
     var_list,
     variables,
@@ -240,10 +241,16 @@ def loads(e: KExpr) -> list[Load | Gather]:
 def rewrite(e: KExpr, nodes: dict[KExpr, KExpr] | None = None,
             index: Callable[[Expr], Expr] | None = None) -> KExpr:
     """e rebuilt with each subexpression found in nodes replaced by its value, and index applied
-    to every index, validity and mask expression."""
+    to every index, validity and mask expression (and to run-time sizes: of reductions, of rows)."""
     nodes = nodes or {}
     f = index or (lambda x: x)
     memo: dict[KExpr, KExpr] = {}
+
+    def size(n: sint) -> sint:
+        if isinstance(n, int):
+            return n
+        out = f(n)
+        return out.v if isinstance(out, Num) else out
 
     def go(x: KExpr) -> KExpr:
         if x in nodes:
@@ -255,11 +262,11 @@ def rewrite(e: KExpr, nodes: dict[KExpr, KExpr] | None = None,
         elif isinstance(x, Index):
             out = Index(f(x.expr), x.dtype)
         elif isinstance(x, Gather):
-            out = Gather(x.buffer, go(x.idx), x.rows, x.row_size, f(x.inner), x.dtype)
+            out = Gather(x.buffer, go(x.idx), x.rows, size(x.row_size), f(x.inner), x.dtype)
         elif isinstance(x, Op):
             out = Op(x.op, tuple(go(s) for s in x.srcs), x.dtype)
         elif isinstance(x, Reduce):
-            out = Reduce(x.op, x.size, x.var, go(x.body), x.dtype)
+            out = Reduce(x.op, size(x.size), x.var, go(x.body), x.dtype)
         else:
             out = x
         memo[x] = out
@@ -417,6 +424,14 @@ def size_vars(shapes: list[tuple[sint, ...]]) -> tuple[Var, ...]:
             for v in var_list(d):
                 found.setdefault(v.name, v)
     return tuple(found[n] for n in sorted(found))
+
+
+def specialised(kernel: Kernel, sizes: dict[str, int]) -> Kernel:
+    """kernel with its run-time sizes replaced by values (to time it at those sizes)."""
+    f = lambda e: map_vars(e, lambda v: Num(sizes[v.name]) if v.name in sizes else v)
+    shape = tuple(as_int(f(to_expr(n))) for n in kernel.shape)
+    sides = tuple(Side(sd.out, rewrite(sd.body, index=f)) for sd in kernel.sides)
+    return dataclasses.replace(kernel, shape=shape, body=rewrite(kernel.body, index=f), sides=sides)
 
 
 def numel_bound(shape: tuple[sint, ...]) -> int:

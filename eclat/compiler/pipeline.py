@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import os
 import sys
 import threading
@@ -331,9 +332,12 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     try:
         if not cands:
             raise TuningError("no candidate could be grouped into kernels")
+        # run-time sizes: estimates are at the bounds, timings at the example's sizes, so the
+        # roofline orders the candidates but prunes none
+        sized = any(p.sizes for _, _, _, p in programs)
         found = search(cands, time_fn=time_fn, mode="full" if mode == "full" else "fast",
                        limit=None if mode == "full" else FAST_CANDIDATES, rounds=tuning.ROUNDS,
-                       quiet=bars, desc="candidates")
+                       quiet=bars, desc="candidates", margin=math.inf if sized else None)
     except TuningError:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors)) from None
     stats.pruned = found.stats.pruned

@@ -42,7 +42,7 @@ class CpuTarget(Target):
     def schedule_trials(self, program: Program, threads: int, inputs: list[np.ndarray]) -> Any:
         from .trials import Trials
 
-        return Trials(program, threads)
+        return Trials(program, threads, inputs)
 
     def render(self, program: Program, threads: int = 1) -> str:
         from .codegen import build_module

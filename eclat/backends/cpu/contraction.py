@@ -8,6 +8,7 @@ several row blocks read it).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import llvmlite.ir as ir
 import numpy as np
@@ -33,7 +34,7 @@ from ...ir.view import contiguous_strides
 from ..derived import derived
 from . import host
 from .emitter import KernelEmitter
-from .scalar import F32, I8, I16, I32, PTR, i64, intrinsic, splat, store_through, vector_ptr
+from .scalar import F32, I8, I16, I32, I64, PTR, i64, intrinsic, splat, store_through, vector_ptr
 
 PACKED = "pack:"  # name prefix of weights packed at compile time
 SCALES = "s"  # name suffix of a packed weight's scales (quantize.storage)
@@ -41,6 +42,7 @@ RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand c
 PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
 CACHE_LINE = 64  # bytes a prefetch brings in
 ACCUMULATOR_CHAINS = 8  # fmas in flight that hide an fma's latency (2 ports x 4 cycles)
+TAIL_ROWS = 4  # the height of the row blocks after the last whole one, over a run-time number of rows
 
 
 def contraction_of(kernel: Kernel, buffers: dict[str, Buffer]) -> Contraction | None:
@@ -153,7 +155,6 @@ class ContractionEmitter(KernelEmitter):
         n_size, kk = shape[c.n_axis], c.reduce.size
         panels = (to_expr(n_size) + (nr - 1)) // nr
         most_blocks = -(-upper(m_size) // mr)
-        blocks = self.sym((to_expr(m_size) + (mr - 1)) // mr)
         self.streaming = most_blocks == 1  # each packed weight is read once per call
         batch = [a for a in range(len(shape)) if a not in (c.m_axis, c.n_axis)]
         tile = self.b.alloca(F32, size=mr * nr)
@@ -164,18 +165,18 @@ class ContractionEmitter(KernelEmitter):
         # each K x NR panel into a dense float32 scratch once, and let every row block read it
         self.scratch = None
         copied = self.pack_name is None or self.pack_format is not None
-        # one row's accumulators each wait on the last fma into them: independent sets of them
-        # interleaved over k keep ACCUMULATOR_CHAINS fmas in flight (hides the fma's latency)
-        sets = 1
-        if mr == 1:
-            sets = max(1, min(ACCUMULATOR_CHAINS // nv, (host.vector_registers() - 1) // nv - 1))
         if copied and most_blocks > 1 and 0 < upper(kk) * nr * 4 <= RUNTIME_PACK_BYTES:
             self.scratch = self.b.alloca(F32, size=upper(kk) * nr)
 
-        def micro(p: ir.Value, mb: ir.Value) -> None:
+        def micro(p: ir.Value, m0: ir.Value, mr: int) -> None:
+            """The block of mr rows from row m0 (rows past the last clamped to it)."""
             bb = self.b
             n0 = bb.mul(p, i64(nr))
-            m0 = bb.mul(mb, i64(mr))
+            # one row's accumulators each wait on the last fma into them: independent sets of them
+            # interleaved over k keep ACCUMULATOR_CHAINS fmas in flight (hides the fma's latency)
+            sets = 1
+            if mr == 1:
+                sets = max(1, min(ACCUMULATOR_CHAINS // nv, (host.vector_registers() - 1) // nv - 1))
             full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), self.sym(n_size))
 
             def kstep(kv: ir.Value, accs: list[ir.Value], steps=None, sums: bool = False) -> list[ir.Value]:
@@ -265,12 +266,35 @@ class ContractionEmitter(KernelEmitter):
                 self.scope.bind(f"i{a}", bb.srem(bb.sdiv(rest, self.sym(stride)), self.sym(size)))
             if self.scratch is not None:
                 self._pack_panel(c, p, nr, kk, n_size)
-            self.loop(i64(0), blocks, [], lambda mb, _c: micro(p, mb) or [])
+            self._row_blocks(m_size, mr, lambda m0, h: micro(p, m0, h))
             return []
 
         self.loop(self.fn.args[1], self.fn.args[2], [], step)
         outer = panels * per_panel
         return outer.v if isinstance(outer, Num) else outer
+
+    def _row_blocks(self, m_size: sint, mr: int, micro: Callable[[ir.Value, int], None]) -> None:
+        """micro(first row, height) over the rows: blocks of mr, the last clamped to the last row. A
+        run-time number of rows ends in blocks of TAIL_ROWS (the last clamped), or in one row alone
+        when one is left, so that a few rows (one, decoding) cost about their own work, not a
+        whole block's."""
+        bb = self.b
+        if isinstance(m_size, int):
+            self.loop(i64(0), i64(-(-m_size // mr)), [], lambda mb, _c: micro(bb.mul(mb, i64(mr)), mr) or [])
+            return
+
+        def blocks(start: ir.Value, count: ir.Value, h: int) -> ir.Value:
+            self.loop(i64(0), count, [], lambda mb, _c: micro(bb.add(start, bb.mul(mb, i64(h))), h) or [])
+            return bb.add(start, bb.mul(count, i64(h)))
+        rows = self.sym(m_size)
+        start, left = blocks(i64(0), bb.sdiv(rows, i64(mr)), mr), bb.srem(rows, i64(mr))
+        tail = min(TAIL_ROWS, mr)
+        if tail > 1:
+            one = bb.icmp_signed("==", left, i64(1))
+            clamped = bb.sdiv(bb.add(left, i64(tail - 1)), i64(tail))
+            start = blocks(start, bb.select(one, i64(0), clamped), tail)
+            left = bb.zext(one, I64)
+        blocks(start, left, 1)
 
     def _pack_panel(self, c: Contraction, p: ir.Value, nr: int, kk: sint, n_size: sint) -> None:
         """scratch[k * NR + col] = b at (panel p's column col clamped, k), for the current batch; a

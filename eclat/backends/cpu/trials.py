@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...compiler.kernel import Buffer, Kernel, Program, loads
+from ...compiler.kernel import Buffer, Kernel, Program, loads, specialised
+from ...compiler.specs import bind_sizes
 
 
 def isolate(program: Program, kernel: Kernel) -> Program:
@@ -33,15 +34,17 @@ def _random(buf: Buffer, rng: np.random.Generator) -> np.ndarray:
 class Trials:
     """(kernel, schedule) -> a timer of the kernel built with that schedule (microseconds of a run)."""
 
-    def __init__(self, program: Program, threads: int):
+    def __init__(self, program: Program, threads: int, inputs: list[np.ndarray]):
+        """inputs: the program's; a kernel with run-time sizes is timed at theirs."""
         self.program, self.threads = program, threads
+        self.sizes = bind_sizes(program.input_shapes, [a.shape for a in inputs]) if program.sizes else {}
         self._inputs: dict[str, list[np.ndarray]] = {}
         self._rng = np.random.default_rng(0)
 
     def __call__(self, kernel: Kernel, schedule: object):
         from .runtime import CpuExecutable
 
-        sub = isolate(self.program, replace(kernel, schedule=schedule))
+        sub = isolate(self.program, replace(specialised(kernel, self.sizes), schedule=schedule))
         if kernel.name not in self._inputs:
             self._inputs[kernel.name] = [_random(sub.buffers[n], self._rng) for n in sub.inputs]
         inputs = self._inputs[kernel.name]
