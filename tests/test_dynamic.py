@@ -210,3 +210,23 @@ def test_the_cli_compiles_a_factory_with_dynamic_shapes_and_runs_other_sizes(tmp
         assert main(["run", str(artifact), "--inputs", str(tmp_path / "x.npy"), "-o", str(out)]) == 0
         with torch.no_grad():
             np.testing.assert_allclose(np.load(out)["output0"], model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_compile_with_eclat_keeps_eclat_when_a_size_changes(monkeypatch):
+    """Dynamo recompiles a graph with the size that changed symbolic: eclat compiles that graph
+    once for every size up to max_size, and a larger size runs in PyTorch."""
+    import eclat.dynamo  # noqa: F401 - registers the backend
+
+    compiles: list = []
+    real = eclat.compile
+    monkeypatch.setattr(eclat, "compile",
+                        lambda *a, **k: compiles.append(k.get("dynamic_shapes")) or real(*a, **k))
+    torch._dynamo.reset()
+    model = Mlp().eval()
+    fast = torch.compile(model, backend="eclat", options={"max_size": 40})
+    with torch.no_grad():
+        for n in (3, 5, 9, 33, 40, 41):
+            x = torch.randn(n, 32)
+            np.testing.assert_allclose(fast(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert len(compiles) == 2 and compiles[0] is None and compiles[1] is not None  # the first size, then all
+    torch._dynamo.reset()

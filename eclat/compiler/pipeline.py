@@ -334,7 +334,7 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
             raise TuningError("no candidate could be grouped into kernels")
         # run-time sizes: estimates are at the bounds, timings at the example's sizes, so the
         # roofline orders the candidates but prunes none
-        sized = any(p.sizes for _, _, _, p in programs)
+        sized = any(getattr(p, "sizes", ()) for _, _, _, p in programs)
         found = search(cands, time_fn=time_fn, mode="full" if mode == "full" else "fast",
                        limit=None if mode == "full" else FAST_CANDIDATES, rounds=tuning.ROUNDS,
                        quiet=bars, desc="candidates", margin=math.inf if sized else None)
