@@ -210,3 +210,36 @@ def test_rows_in_flight_a_few_at_a_time(monkeypatch):
     torch.manual_seed(5)
     q, k, v = torch.randn(1, H, 37, D), torch.randn(1, H, 300, D), torch.randn(1, H, 300, D)
     assert _attention_kernels(_check(Scores("window", 37, 300).eval(), (q, k, v)))
+
+
+class CausalFromLength(torch.nn.Module):
+    """Attention whose causal mask (and, optionally, a cache's offset) is built from the lengths of
+    the call, as a model with dynamic_shapes computes it."""
+
+    def forward(self, q, k, v):
+        t, s = q.shape[-2], k.shape[-2]
+        i, j = torch.arange(t)[:, None] + (s - t), torch.arange(s)[None, :]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return torch.softmax(scores.masked_fill(j > i, -math.inf), -1) @ v
+
+
+@pytest.mark.parametrize("state_rows", [4092, 12])
+def test_one_kernel_over_run_time_numbers_of_queries_and_keys(monkeypatch, state_rows):
+    """Attention compiled once with the query and key lengths known at run time runs as one kernel
+    at every length: rows in blocks and one by one, keys in whole blocks and a partial one, rows
+    in flight in turns (STATE_ROWS made small)."""
+    from torch.export import Dim
+
+    import eclat.backends.cpu.attention as cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "STATE_ROWS", state_rows)
+    model = CausalFromLength().eval()
+    t, s = Dim("t", min=1, max=160), Dim("s", min=1, max=300)
+    example = (torch.randn(1, H, 9, D), torch.randn(1, H, 20, D), torch.randn(1, H, 20, D))
+    compiled = eclat.compile(model, example, autotune="none", quiet=True, k=1,
+                             dynamic_shapes=({2: t}, {2: s}, {2: s}))
+    assert _attention_kernels(compiled) and compiled.executable.program.sizes
+    torch.manual_seed(2)
+    for queries, keys in ((1, 1), (1, 257), (5, 5), (7, 130), (13, 256), (160, 300)):
+        args = (torch.randn(1, H, queries, D), torch.randn(1, H, keys, D), torch.randn(1, H, keys, D))
+        np.testing.assert_allclose(compiled(*args).numpy(), model(*args).numpy(), rtol=1e-4, atol=2e-5)

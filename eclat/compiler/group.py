@@ -55,7 +55,6 @@ from ..ir.symbolic import (
     terms,
     to_expr,
     upper,
-    var_list,
     variables,
 )
 from ..ir.view import View, contiguous_strides
@@ -214,8 +213,6 @@ def _attend_of(old: Node, lhs: Node, v: Node, users: dict[int, int]) -> Node | N
     sm = lhs.srcs[0] if lhs.op == "view" else lhs
     if sm.op != "softmax" or users[id(old)] != 1 or old.op == "view" and users[id(old.srcs[0])] != 1:
         return None
-    if any(var_list(d) for d in (*dims(sm.shape), *dims(v.shape))):
-        return None  # the backends' attention kernels are written for fixed sizes
     axis, safe = sm.arg
     x = sm.srcs[0]
     vp = lhs.arg if lhs.op == "view" else View.contiguous(tuple(lhs.shape))
@@ -250,9 +247,28 @@ def _score_products(x: Node) -> list[Node] | None:
         elif n.kind in ("unary", "binary", "ternary") or n.op == "fma" or \
                 n.kind == "view" and n.arg.mask is None:
             stack.extend(n.srcs)
-        else:
+        elif not _count(n):
             return None
     return products if len(products) <= 1 else None
+
+
+def _count(n: Node) -> bool:
+    """Whether n sums a constant over a run-time size (a length as a tensor: `_build` makes it the
+    size itself, times the constant)."""
+    return n.op == "sum" and not isinstance(dims(n.srcs[0].shape)[n.arg], int) and \
+        all(m.op in ("const", "view") for m in _cone(n.srcs[0]))
+
+
+def _cone(n: Node) -> list[Node]:
+    """n and every node it reads."""
+    out, stack, seen = [], [n], set()
+    while stack:
+        m = stack.pop()
+        if id(m) not in seen:
+            seen.add(id(m))
+            out.append(m)
+            stack.extend(m.srcs)
+    return out
 
 
 def _buffered_operands(p: Node) -> Node:
@@ -531,6 +547,9 @@ class _Grouping:
         if kind in ("unary", "binary", "ternary", "composite"):
             srcs = tuple(self.value(s, idxs, guard) for s in n.srcs)
             return Op(n.op, srcs, n.dtype)
+        if kind == "reduce" and _count(n):
+            return Op("mul", (self.value(n.srcs[0], idxs[:n.arg] + (Num(0),) + idxs[n.arg:], guard),
+                              Index(to_expr(dims(n.srcs[0].shape)[n.arg]), n.dtype)), n.dtype)
         if kind == "reduce":
             axis = n.arg
             size = dims(n.srcs[0].shape)[axis]

@@ -55,6 +55,7 @@ from ..ir.symbolic import (
     Var,
     as_int,
     assume,
+    evaluate,
     index_var,
     is_loop_var,
     map_vars,
@@ -432,6 +433,20 @@ def specialised(kernel: Kernel, sizes: dict[str, int]) -> Kernel:
     shape = tuple(as_int(f(to_expr(n))) for n in kernel.shape)
     sides = tuple(Side(sd.out, rewrite(sd.body, index=f)) for sd in kernel.sides)
     return dataclasses.replace(kernel, shape=shape, body=rewrite(kernel.body, index=f), sides=sides)
+
+
+def at_sizes(program: Program, sizes: dict[str, int]) -> Program:
+    """program with its run-time sizes replaced by values, its buffers holding what they hold then
+    (for estimates at those sizes; not for running)."""
+    if not sizes:
+        return program
+    kernels = [specialised(k, sizes) for k in program.kernels]
+    numel = {k.out: math.prod(k.shape) for k in kernels}
+    numel |= {name: math.prod(evaluate(n, sizes) for n in shape)
+              for name, shape in zip(program.inputs, program.input_shapes)}
+    buffers = {name: dataclasses.replace(b, numel=numel.get(name, b.numel))
+               for name, b in program.buffers.items()}
+    return dataclasses.replace(program, buffers=buffers, kernels=kernels, sizes=())
 
 
 def numel_bound(shape: tuple[sint, ...]) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import math
 import os
 import sys
 import threading
@@ -46,7 +45,7 @@ from ..ir.symbolic import dims, evaluate, var_list
 from . import program_cache
 from . import tune as tuning
 from .group import group
-from .kernel import Program, bytes_moved, flops
+from .kernel import Program, at_sizes, bytes_moved, flops
 from .model import CompiledModel
 from .phases import phase, recording
 from .quantize import accuracy, check_mode, quantize
@@ -285,11 +284,13 @@ def _rewrites() -> Any:
 
 
 def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, errors: list[str],
-              fused: bool | None = None) -> list[tuple[float, int, bool, Program]]:
+              fused: bool | None = None, shapes: list[tuple[int, ...]] | None = None
+              ) -> list[tuple[float, int, bool, Program]]:
     """(roofline estimate, candidate number, whether the target's fused kernels are used, program with
     the target's default schedules), most promising first. Each candidate is grouped with the
     target's fused kernels (attention in one kernel) and, where that made any, without them too: the
-    search times both. fused: only that grouping (a remembered choice)."""
+    search times both. fused: only that grouping (a remembered choice); shapes: the example inputs'
+    (a program with run-time sizes is estimated at theirs, as it is timed)."""
     programs = []
     for n, cand in enumerate(candidates):
         for with_fused in (True, False) if fused is None else (fused,):
@@ -301,7 +302,8 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
             except Exception as e:  # a broken candidate must not take the compile down
                 errors.append(f"candidate {n}: {type(e).__name__}: {e}")
                 continue
-            programs.append((_estimate_us(program, device), n, with_fused, program))
+            sizes = bind_sizes(program.input_shapes, shapes) if shapes and program.sizes else {}
+            programs.append((_estimate_us(at_sizes(program, sizes), device), n, with_fused, program))
             if fused is None and not any("attend" in k.ops for k in program.kernels):
                 break  # nothing fused: the other grouping is the same program
     return sorted(programs, key=lambda p: (p[0], p[1], not p[2]))  # then the e-graph's own order
@@ -313,7 +315,7 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     """The fastest verified candidate, by the search: (seconds, executable, program, stats).
     reference(n): what candidate n is checked against."""
     errors: list[str] = []
-    programs = _programs(candidates, device, threads, target, errors)
+    programs = _programs(candidates, device, threads, target, errors, shapes=[a.shape for a in arrays])
     built: dict[int, Any] = {}
 
     def time_fn(c: Candidate) -> float:
@@ -332,12 +334,9 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     try:
         if not cands:
             raise TuningError("no candidate could be grouped into kernels")
-        # run-time sizes: estimates are at the bounds, timings at the example's sizes, so the
-        # roofline orders the candidates but prunes none
-        sized = any(getattr(p, "sizes", ()) for _, _, _, p in programs)
         found = search(cands, time_fn=time_fn, mode="full" if mode == "full" else "fast",
                        limit=None if mode == "full" else FAST_CANDIDATES, rounds=tuning.ROUNDS,
-                       quiet=bars, desc="candidates", margin=math.inf if sized else None)
+                       quiet=bars, desc="candidates")
     except TuningError:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors)) from None
     stats.pruned = found.stats.pruned

@@ -23,7 +23,7 @@ import numpy as np
 from ...compiler.group import ravel
 from ...compiler.kernel import Attention, Buffer, Kernel, Load, Op, axis_vars, free_vars
 from ...ir.dtypes import DType
-from ...ir.symbolic import Num, Var, evaluate, terms
+from ...ir.symbolic import Num, Var, evaluate, terms, upper
 from ..derived import derived
 from .contraction import PACKED
 from .emitter import KernelEmitter
@@ -42,8 +42,10 @@ def attention_parts(att: Attention | None, kernel: Kernel, lanes: int) -> tuple[
     against a key row (no query-row variable); None otherwise (the generic loops run it)."""
     if att is None or att.score is None or kernel.body.dtype is not DType.float32:
         return None
-    if not all(isinstance(n, int) for n in (*kernel.shape, att.size, att.score.size)):
-        return None  # run-time sizes: the generic loops
+    rows = len(kernel.shape) - 2  # the query rows and the keys may be run-time sizes; the rest not
+    if not all(isinstance(n, int) for a, n in enumerate(kernel.shape) if a != rows) or \
+            not isinstance(att.score.size, int):
+        return None
     last = f"i{len(kernel.shape) - 1}"
     v = att.v
     if not (isinstance(v, Load) and v.valid == Num(1) and kernel.shape[-1] % lanes == 0
@@ -71,13 +73,13 @@ class AttentionEmitter(KernelEmitter):
         outer = list(range(len(shape) - 1))
         reads = free_vars(self.k_row) | free_vars(att.v)
         last = outer[-1] if outer else None
-        self.rows_axis = last if last is not None and shape[last] > 1 and self.vars_[last].name not in reads \
-            else None
+        self.rows_axis = last if last is not None and upper(shape[last]) > 1 and \
+            self.vars_[last].name not in reads else None
         self.heads = [a for a in outer if a != self.rows_axis]
         self.n_rows = shape[self.rows_axis] if self.rows_axis is not None else 1
         # one query row per head (decode): each key is used once, so copying it into panels costs
         # what it saves; scores are dot products along the keys' rows, values read in place
-        self.direct = self.n_rows < ROWS
+        self.direct = upper(self.n_rows) < ROWS
         chunk = 2 * lanes  # score columns per micro-kernel step
         self.bj = max(chunk, min(128, SCRATCH_FLOATS // max(att.score.size, 1)) // chunk * chunk)
         # value columns per micro-kernel step: 2 vectors where they divide the row; one query row
@@ -85,7 +87,8 @@ class AttentionEmitter(KernelEmitter):
         whole = shape[-1] // lanes
         self.vchunk = (whole if self.direct and whole <= 8 else
                        next(n for n in (2, 1) if shape[-1] % (n * lanes) == 0)) * lanes
-        self.live = self._live_blocks()
+        fixed = isinstance(self.n_rows, int) and isinstance(att.size, int)  # a table needs the sizes
+        self.live = self._live_blocks() if fixed else None
         if self.live is not None:
             self.arg_names.append(self.live)
 
@@ -149,8 +152,8 @@ class AttentionEmitter(KernelEmitter):
         self.vp = b.alloca(F32, size=self.k.shape[-1] * self.bj)
         self.s = b.alloca(F32, size=ROWS * self.bj)
         self.alpha = b.alloca(F32, size=ROWS)
-        self.m = b.alloca(F32, size=min(self.n_rows, STATE_ROWS))
-        self.l = b.alloca(F32, size=min(self.n_rows, STATE_ROWS))
+        self.m = b.alloca(F32, size=min(upper(self.n_rows), STATE_ROWS))
+        self.l = b.alloca(F32, size=min(upper(self.n_rows), STATE_ROWS))
         self.first = i64(0)  # the first row of the rows in flight (the state's row 0)
 
         def level(d: int, i: ir.Value, _a: list) -> list:
@@ -170,6 +173,17 @@ class AttentionEmitter(KernelEmitter):
     # --- one head: every query row against every key ---------------------------------------------
     def _head(self) -> None:
         """Every query row of the head against every key, STATE_ROWS rows at a time."""
+        if not isinstance(self.n_rows, int):  # a run-time number of rows: the last group shorter
+            b, n = self.b, self.sym(self.n_rows)
+
+            def group(g: ir.Value, _a: list) -> list:
+                first = b.mul(g, i64(STATE_ROWS))
+                left = b.sub(n, first)
+                self._rows_in_flight(first, b.select(b.icmp_signed("<", left, i64(STATE_ROWS)), left,
+                                                     i64(STATE_ROWS)))
+                return []
+            self.loop(i64(0), b.sdiv(b.add(n, i64(STATE_ROWS - 1)), i64(STATE_ROWS)), [], group, hint=False)
+            return
         whole, rest = divmod(self.n_rows, STATE_ROWS)
         if whole:
             self.loop(i64(0), i64(whole), [], lambda g, _a: self._rows_in_flight(
@@ -177,12 +191,13 @@ class AttentionEmitter(KernelEmitter):
         if rest:
             self._rows_in_flight(i64(whole * STATE_ROWS), rest)
 
-    def _rows_in_flight(self, first: ir.Value, count: int) -> None:
-        """Rows first .. first + count against every key: their state set, the key blocks in turn,
-        the rows normalised."""
+    def _rows_in_flight(self, first: ir.Value, count: int | ir.Value) -> None:
+        """Rows first .. first + count (a number, or a value at run time) against every key: their
+        state set, the key blocks in turn, the rows normalised."""
         b, att = self.b, self.att
         size, bj = att.size, self.bj
         self.first = first
+        rows = i64(count) if isinstance(count, int) else count
 
         def init(r: ir.Value, _a: list) -> list:
             store_through(b, ir.Constant(F32, -math.inf), b.gep(self.m, [r], source_etype=F32))
@@ -190,25 +205,38 @@ class AttentionEmitter(KernelEmitter):
             row = b.add(first, r)
             self._scale_row(row, None)
             return []
-        self.loop(i64(0), i64(count), [], init, hint=False)
+        self.loop(i64(0), rows, [], init, hint=False)
 
-        def block(jb: ir.Value, nb: ir.Constant) -> None:
+        def block(jb: ir.Value, nb: ir.Value) -> None:
             """Keys jb * BJ .. + nb against every row in flight."""
             j0 = b.mul(jb, i64(bj))
             if not self.direct:
                 self._pack(j0, nb)
-            whole = count // ROWS
             blocked = lambda ib, _b: self._live(b.add(first, b.mul(ib, i64(ROWS))), jb, ROWS, j0, nb) or []
             single = lambda r, _b: self._live(b.add(first, r), jb, 1, j0, nb) or []
+            if not isinstance(count, int):
+                whole = b.sdiv(rows, i64(ROWS))
+                self.loop(i64(0), whole, [], blocked, hint=False)
+                self.loop(b.mul(whole, i64(ROWS)), rows, [], single, hint=False)
+                return
+            whole = count // ROWS
             if whole:
                 self.loop(i64(0), i64(whole), [], blocked, hint=False)
             if count % ROWS:
                 self.loop(i64(whole * ROWS), i64(count), [], single, hint=False)
 
         # whole blocks, then the last part: loops of known length over a block's keys vectorise whole
-        self.loop(i64(0), i64(size // bj), [], lambda jb, _a: block(jb, i64(bj)) or [], hint=False)
-        if size % bj:
-            block(i64(size // bj), i64(size % bj))
+        if isinstance(size, int):
+            self.loop(i64(0), i64(size // bj), [], lambda jb, _a: block(jb, i64(bj)) or [], hint=False)
+            if size % bj:
+                block(i64(size // bj), i64(size % bj))
+        else:  # a run-time number of keys
+            keys = self.sym(size)
+            whole = b.sdiv(keys, i64(bj))
+            self.loop(i64(0), whole, [], lambda jb, _a: block(jb, i64(bj)) or [], hint=False)
+            left = b.srem(keys, i64(bj))
+            with b.if_then(b.icmp_signed(">", left, i64(0))), self.scope.nested():
+                block(whole, left)
 
         def finish(r: ir.Value, _a: list) -> list:
             m = b.load(b.gep(self.m, [r], source_etype=F32), typ=F32)
@@ -219,7 +247,7 @@ class AttentionEmitter(KernelEmitter):
             row = b.add(first, r)
             self._scale_row(row, inv)
             return []
-        self.loop(i64(0), i64(count), [], finish, hint=False)
+        self.loop(i64(0), rows, [], finish, hint=False)
 
     def _live(self, r0: ir.Value, jb: ir.Value, nr: int, j0: ir.Value, nb: ir.Value) -> None:
         """_rows, unless the live-block table says the mask hides the block throughout."""
