@@ -231,9 +231,10 @@ def _summary(path: str, manifest: dict[str, Any], files: dict[str, int]) -> dict
 def _measure_artifact(path: str) -> float:
     """Median microseconds of one call of the artifact on zero inputs."""
     import eclat
+    from eclat.ir.symbolic import upper
 
-    model = eclat.load(path)
-    arrays = [np.zeros(s.shape, dtype=s.dtype.np) for s in model.inputs]
+    model = eclat.load(path)  # a size known at run time at its largest
+    arrays = [np.zeros([upper(n) for n in s.shape], dtype=s.dtype.np) for s in model.inputs]
     return _median_s(lambda: model(*arrays), budget_s=0.5) * 1e6
 
 
@@ -252,6 +253,15 @@ def cmd_inspect(args: argparse.Namespace) -> None:
         print(f"wrote {args.html}")
 
 
+def _shape_text(shape: list[Any], bounds: bool = True) -> str:
+    """A stored shape as a user reads it: [1, s27 in 2..256, 64] (bounds) or [1, s27, 64]."""
+    from eclat.compiler.specs import describe_shape
+    from eclat.ir.symbolic import size_from_json
+
+    sizes = tuple(size_from_json(n) for n in shape)
+    return describe_shape(sizes) if bounds else "[" + ", ".join(str(n) for n in sizes) + "]"
+
+
 def _inspect_text(d: dict[str, Any]) -> str:
     dev = d["device"]
     built = d["built_on"]
@@ -259,8 +269,10 @@ def _inspect_text(d: dict[str, Any]) -> str:
              built.get("name") or f"no {built.get('kind', 'such')} device (unmeasured)")
     lines = [f"{d['path']}: eclat artifact v{d['format_version']} (eclat {d['eclat_version']}), "
              f"target {d['target']}, built on {where}",
-             "inputs:  " + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in d["inputs"]),
-             "outputs: " + ", ".join(f"{o['name']} {o['shape']}" for o in d["outputs"])]
+             "inputs:  " + ", ".join(f"{i['name']} {i['dtype']}{_shape_text(i['shape'])}"
+                                     for i in d["inputs"]),
+             "outputs: " + ", ".join(f"{o['name']} {_shape_text(o['shape'], bounds=False)}"
+                                     for o in d["outputs"])]
     if dev.get("name"):
         lines.append(f"device:  {dev['name']} ({_num(dev.get('peak_gflops'))} GFLOP/s, "
                      f"{_num(dev.get('peak_gbps'))} GB/s)")
@@ -269,7 +281,8 @@ def _inspect_text(d: dict[str, Any]) -> str:
     for k in d["kernels"]:
         s = k.get("schedule") or {}
         sched = f"tile={s.get('tile')} vec={s.get('vector')} thr={s.get('threads')}" if s else "-"
-        lines.append(f"{k['name'][:22]:<22} {str(k.get('shape'))[:16]:<16} {sched[:34]:<34} "
+        shape = _shape_text(k["shape"], bounds=False) if k.get("shape") is not None else "-"
+        lines.append(f"{k['name'][:22]:<22} {shape[:16]:<16} {sched[:34]:<34} "
                      f"{k['flops'] / 1e6:>8.3f} {k['bytes'] / 1e3:>8.1f} {_num(k.get('estimated_us')):>8} "
                      f"{_num(k.get('measured_us')):>8}")
     measured = f"measured {_num(d['measured_us'])} us (median, this machine)" if d["measured_us"] else \

@@ -167,7 +167,7 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
         calls.append(exe)
         return (cost[exe] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe == "p3")) * 1e6
 
-    def programs(candidates, device, threads, target, errors):
+    def programs(candidates, device, threads, target, errors, shapes=None):
         return [(0.0, n, True, f"p{n}") for n in range(4)]
     monkeypatch.setattr(pipeline, "_programs", programs)
     monkeypatch.setattr(pipeline, "verified_build", lambda program, *args: program)

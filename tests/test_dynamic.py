@@ -4,6 +4,7 @@ its kernels reading the sizes of each call; a size outside them is a clear error
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -190,7 +191,7 @@ def test_division_by_strides_of_run_time_shapes_is_exact(seed: int):
             assert _c_value(mod(flat, n), env) == at % size, (mod(flat, n), env)
 
 
-def test_the_cli_compiles_a_factory_with_dynamic_shapes_and_runs_other_sizes(tmp_path):
+def test_the_cli_compiles_a_factory_with_dynamic_shapes_and_runs_other_sizes(tmp_path, capsys):
     from eclat.cli import main
 
     (tmp_path / "m.py").write_text(
@@ -200,6 +201,8 @@ def test_the_cli_compiles_a_factory_with_dynamic_shapes_and_runs_other_sizes(tmp
     artifact = tmp_path / "m.eclat"
     spec = f"{tmp_path / 'm.py'}:make"
     assert main(["compile", spec, "-o", str(artifact), "--autotune", "none", "--quiet"]) == 0
+    assert main(["inspect", str(artifact)]) == 0
+    assert re.search(r"float32\[s\d+ in 1\.\.32, 8\]", capsys.readouterr().out)
     namespace: dict = {}
     exec((tmp_path / "m.py").read_text(), namespace)
     model = namespace["make"]()[0]
