@@ -233,3 +233,30 @@ def test_torch_compile_with_eclat_keeps_eclat_when_a_size_changes(monkeypatch):
             np.testing.assert_allclose(fast(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
     assert len(compiles) == 2 and compiles[0] is None and compiles[1] is not None  # the first size, then all
     torch._dynamo.reset()
+
+
+def test_an_encoder_with_a_padding_mask_over_run_time_batch_and_length():
+    """Two run-time sizes at once (batch and length), and a padding mask: index arithmetic over
+    strides that are products of both (B * T * d) stays exact."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=61, hidden_size=32, num_attention_heads=4,
+                                     intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(config).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, mask):
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    model = Hidden().eval()
+    batch, length = Dim("batch", min=1, max=4), Dim("length", min=2, max=32)
+    example = (torch.randint(0, 61, (2, 9)), torch.ones(2, 9, dtype=torch.long))
+    compiled = _compiled(model, example, ({0: batch, 1: length}, {0: batch, 1: length}))
+    for b, t in ((1, 2), (3, 17), (4, 32)):
+        mask = torch.ones(b, t, dtype=torch.long)
+        mask[-1, t // 2:] = 0
+        _check(compiled, model, torch.randint(0, 61, (b, t)), mask)

@@ -66,6 +66,21 @@ class BinOp(Expr):
 
 sint = int | Expr
 
+
+def _memo(e: Expr, key: str, compute: Callable[[], Any]) -> Any:
+    """A fact about e computed once: expressions are immutable and shared, and index expressions of
+    run-time shapes grow deep, so recomputing their hash or bounds on each use is quadratic."""
+    hit = e.__dict__.get(key)
+    if hit is None:
+        hit = compute()
+        object.__setattr__(e, key, hit)
+    return hit
+
+
+for _cls in (Num, Var, BinOp):
+    _cls.__hash__ = (lambda structural: lambda self: _memo(self, "_hash", lambda: structural(self)))(
+        _cls.__hash__)
+
 _PY: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b,
     "*": lambda a, b: a * b,
@@ -122,6 +137,10 @@ def bounds(e: Expr) -> tuple[int, int]:
     if isinstance(e, Var):
         return e.lo, e.hi
     assert isinstance(e, BinOp)
+    return _memo(e, "_bounds", lambda: _op_bounds(e))
+
+
+def _op_bounds(e: BinOp) -> tuple[int, int]:
     (a0, a1), (b0, b1) = bounds(e.a), bounds(e.b)
     if e.op == "+":
         return a0 + b0, a1 + b1
@@ -134,6 +153,8 @@ def bounds(e: Expr) -> tuple[int, int]:
         return (a0, a1) if 0 <= a0 and a1 < b0 else (0, b0 - 1)
     if e.op in ("<", "and"):
         return 0, 1
+    if e.op in ("//", "%") and a0 >= 0 and b0 > 0:  # by a run-time size
+        return (a0 // b1, a1 // b0) if e.op == "//" else (0, min(a1, b1 - 1))
     return -(2**62), 2**62
 
 
@@ -436,11 +457,13 @@ def evaluate(x: sint, env: Mapping[str, int] | None = None):
     return _PY[x.op](a, b)
 
 
-def var_list(x: sint) -> list[Var]:
-    """The variables of x (as objects, with their bounds), each as often as it occurs."""
+def var_list(x: sint) -> tuple[Var, ...]:
+    """The variables of x (as objects, with their bounds), each once, in order of occurrence."""
     if isinstance(x, Var):
-        return [x]
-    return var_list(x.a) + var_list(x.b) if isinstance(x, BinOp) else []
+        return (x,)
+    if not isinstance(x, BinOp):
+        return ()
+    return _memo(x, "_vars", lambda: tuple(dict.fromkeys(var_list(x.a) + var_list(x.b))))
 
 
 def variables(x: sint) -> set[str]:
