@@ -243,3 +243,20 @@ def test_one_kernel_over_run_time_numbers_of_queries_and_keys(monkeypatch, state
     for queries, keys in ((1, 1), (1, 257), (5, 5), (7, 130), (13, 256), (160, 300)):
         args = (torch.randn(1, H, queries, D), torch.randn(1, H, keys, D), torch.randn(1, H, keys, D))
         np.testing.assert_allclose(compiled(*args).numpy(), model(*args).numpy(), rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("d", [4, 64])
+def test_an_attention_the_cpu_would_run_as_loops_is_not_offered_to_the_search(d):
+    """Values narrower than a vector (4 floats) leave the CPU's attention kernel out: the fused
+    grouping would run it as plain loops, many times slower than its estimate, so the search is
+    offered the separate kernels alone. With 64 it is offered both."""
+    from eclat.backends import get_target
+    from eclat.frontend import lower
+
+    q, k, v = torch.randn(1, H, 24, d), torch.randn(1, H, 24, d), torch.randn(1, H, 24, d)
+    candidates, _ = pipeline._candidates(lower(Scores("causal", 24, 24).eval(), (q, k, v)), "cpu", 1)
+    cpu = get_target("cpu")
+    programs = _PROGRAMS(candidates, None, 1, cpu, [])
+    fused = [p for _, _, _, p in programs if any(as_attention(kern) for kern in p.kernels)]
+    assert programs and all(cpu.runs_fused(kern) for p in fused for kern in p.kernels)
+    assert bool(fused) == (d == 64)

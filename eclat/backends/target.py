@@ -70,6 +70,12 @@ class Target:
         """Rewrite rule sets (eclat.rewrites.lang.RuleSet) that join the e-graph for this target only."""
         return ()
 
+    def runs_fused(self, kernel: Any) -> bool:
+        """Whether a fused kernel (an attention, compiler.group) runs as this target's own code for
+        it, not as plain loops: a program with one it would not is not offered to the search, whose
+        estimate of it assumes the fused code."""
+        return True
+
     def probe(self) -> DeviceProbe:
         raise NotImplementedError(f"target {self.name!r} has no device probe")
 

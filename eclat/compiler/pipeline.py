@@ -302,6 +302,8 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
             except Exception as e:  # a broken candidate must not take the compile down
                 errors.append(f"candidate {n}: {type(e).__name__}: {e}")
                 continue
+            if fused is None and with_fused and not all(map(target.runs_fused, program.kernels)):
+                continue  # the target would run an attention as plain loops: only the other grouping
             sizes = bind_sizes(program.input_shapes, shapes) if shapes and program.sizes else {}
             programs.append((_estimate_us(at_sizes(program, sizes), device), n, with_fused, program))
             if fused is None and not any("attend" in k.ops for k in program.kernels):

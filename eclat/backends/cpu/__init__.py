@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ...compiler.kernel import Kernel, Program, as_contraction
+from ...compiler.kernel import Kernel, Program, as_attention, as_contraction
 from ..target import Section, Target
 
 
@@ -20,6 +20,13 @@ class CpuTarget(Target):
         from .rules import RULES
 
         return (RULES,)
+
+    def runs_fused(self, kernel: Kernel) -> bool:
+        from . import host
+        from .attention import attention_parts
+
+        att = as_attention(kernel)
+        return att is None or attention_parts(att, kernel, host.vector_lanes()) is not None
 
     def probe(self) -> Any:
         from .probe import CpuProbe
