@@ -3,6 +3,7 @@ its kernels reading the sizes of each call; a size outside them is a clear error
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 
@@ -165,13 +166,13 @@ def _c_value(e, env):
     return int(evaluate(BinOp(e.op, Num(a), Num(b))))
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_division_by_strides_of_run_time_shapes_is_exact(seed: int):
     """A flat index of a shape with run-time sizes, divided and reduced by the strides of another
     shape (what grouping's unravel does): simplified exactly, never to a division of a negative."""
     rng = random.Random(seed)
     sizes = [Var(f"s{k}", 1, 9) for k in range(2)]
-    shape = [rng.choice([3, 4, *sizes]) for _ in range(3)]
+    shape = [rng.choice([3, 4, *sizes, (sizes[0] - 1) // 2 + 1]) for _ in range(3)]  # a conv's output
     idx = [index_var(f"i{k}", n) for k, n in enumerate(shape)]
     flat = to_expr(rng.randint(-4, 0))
     for i, s in zip(idx, contiguous_strides(shape)):
@@ -260,3 +261,20 @@ def test_an_encoder_with_a_padding_mask_over_run_time_batch_and_length():
         mask = torch.ones(b, t, dtype=torch.long)
         mask[-1, t // 2:] = 0
         _check(compiled, model, torch.randint(0, 61, (b, t)), mask)
+
+
+def test_a_stride_two_window_over_run_time_sizes_divides_exactly():
+    """A 2x2 window of an h x w plane read from an output position (i1, i2) of the (h // 2) x
+    (w // 2) plane: dividing by the plane's size and its width uses 2 * (h // 2) <= h (exact, and
+    checked at every point of every size in range)."""
+    h, w = Var("s1", 2, 7), Var("s2", 2, 7)
+    i1, i2 = index_var("i1", h // 2), index_var("i2", w // 2)
+    r1, r2 = Var("r1", 0, 1), Var("r2", 0, 1)
+    flat = (i1 * 2 + r1) * w + i2 * 2 + r2
+    plane, row = floordiv(flat, h * w), mod(floordiv(flat, w), h)
+    assert plane == Num(0) and "/" not in str(mod(flat, w))  # simplified, not merely evaluated
+    for hv, wv, a, b, c, d in itertools.product(range(2, 8), range(2, 8), *[range(3)] * 2, *[range(2)] * 2):
+        if a < hv // 2 and b < wv // 2:
+            env = {"s1": hv, "s2": wv, "i1": a, "i2": b, "r1": c, "r2": d}
+            at = int(evaluate(flat, env))
+            assert _c_value(row, env) == at // wv % hv and _c_value(mod(flat, w), env) == at % wv

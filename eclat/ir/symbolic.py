@@ -304,7 +304,7 @@ def _atom_max(atom: Expr) -> Poly | None:
         return None
     if isinstance(atom, Var) and atom.extent is not None:
         return _padd(_poly(atom.extent), {(): 1}, -1)
-    if isinstance(atom, Var) and not is_loop_var(atom.name):
+    if all(not is_loop_var(v.name) for v in var_list(atom)):  # a size, or a function of sizes
         return {(atom,): 1}
     return {(): hi} if hi else {}
 
@@ -330,37 +330,62 @@ def _nonnegative(p: Poly) -> bool:
 
 
 def _below(a: Poly, b: Poly) -> bool:
-    """Whether 0 <= a < b is provable: b - 1 - max(a) has no negative coefficient."""
+    """Whether 0 <= a < b is provable: b - 1 - max(a), loosened, has no negative coefficient."""
     top = _most(a)
-    return top is not None and _nonnegative(_padd(_padd(b, {(): 1}, -1), top, -1))
+    return top is not None and _nonnegative(_loosened(_padd(_padd(b, {(): 1}, -1), top, -1)))
+
+
+def _loosened(p: Poly) -> Poly:
+    """A lower bound of p (its atoms non-negative): c * (x // c) <= x, so a negative multiple of
+    k * (x // c) with c dividing k is at least -(k / c) * x (a stride-2 layer's output size s // 2
+    against its input's s)."""
+    out: Poly = {}
+    for m, k in p.items():
+        half = next((x for x in m if k < 0 and isinstance(x, BinOp) and x.op == "//" and
+                     isinstance(x.b, Num) and x.b.v > 0 and k % x.b.v == 0), None)
+        if half is None:
+            out = _padd(out, {m: k})
+            continue
+        others = list(m)
+        others.remove(half)
+        out = _padd(out, _poly(mul(mul(Num(k // half.b.v), half.a), _expr({tuple(others): 1}))))
+    return out
 
 
 def _divided(a: Expr, b: Expr) -> tuple[Expr, Expr, bool] | None:
-    """a as whole * b + rest for a divisor b that is one positive term: (whole, rest, whether
-    rest < b), rest never negative (// and % are rendered as C's, which truncate); None when no
-    term of a divides, or rest may be negative."""
+    """a as whole * b + rest, by dividing by b's leading term (a divisor such as (s - 1) // 8 + 1
+    has two terms): (whole, rest, whether rest < b), rest never negative (// and % are rendered as
+    C's, which truncate); None when nothing of a divides, or rest may be negative."""
     pb = _poly(b)
-    if len(pb) != 1:
+    if not pb or any(c <= 0 for c in pb.values()) or any(bounds(x)[0] < 0 for m in pb for x in m) or \
+            bounds(b)[0] < 1:
         return None
-    (mb, cb), = pb.items()
-    if cb <= 0 or any(bounds(x)[0] < 1 for x in mb):
-        return None
+    lead = max(pb, key=lambda m: (len(m), [render(x) for x in m]))  # the term of most factors
     whole: Poly = {}
-    rest: Poly = {}
-    for m, c in _poly(a).items():
-        left = list(m)
-        for x in mb:
-            if x not in left:
-                break
-            left.remove(x)
-        else:
-            if c % cb == 0:
-                whole = _padd(whole, {tuple(left): c // cb})
-                continue
-        rest = _padd(rest, {m: c})
-    if not whole or not _nonnegative(rest):
+    rest = _poly(a)
+    for _ in range(64):  # each step lowers the degree of what is left to divide
+        step = next(((m, q) for m, c in rest.items() if c % pb[lead] == 0
+                     for q in [_cofactor(m, lead)] if q is not None), None)
+        if step is None:
+            break
+        m, q = step
+        times = {q: rest[m] // pb[lead]}
+        whole = _padd(whole, times)
+        rest = _padd(rest, _poly(mul(_expr(times), b)), -1)
+    below = _below(rest, pb)
+    if not _nonnegative(rest) or not (whole or below):
         return None
-    return _expr(whole), _expr(rest), _below(rest, pb)
+    return _expr(whole), _expr(rest), below
+
+
+def _cofactor(m: tuple, lead: tuple) -> tuple | None:
+    """m / lead as a monomial, or None where lead's factors are not all in m."""
+    left = list(m)
+    for x in lead:
+        if x not in left:
+            return None
+        left.remove(x)
+    return tuple(left)
 
 
 def logical_and(a: sint, b: sint) -> Expr:
