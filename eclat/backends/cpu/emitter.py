@@ -83,6 +83,9 @@ KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
 SIZES = "<sizes>"  # the argument holding the run-time sizes (int64, in the program's order)
 INTERLEAVE = 4  # vectors in flight in vectorised inner loops
 VECTORIZER_MIN_TRIP = 16  # LLVM's loop vectoriser leaves loops shorter than this alone unless told
+# rows this long are forced too where a vector is wider (AVX-512: an 8-wide row of an im2col copy
+# runs in half vectors, not one float at a time)
+HALF_VECTOR = 8
 UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
 # and longer ones whose unrolled code stays this small (a depthwise convolution's 7x7 taps): the
 # loop around them then vectorises; larger straight-line bodies cost LLVM seconds to optimise
@@ -673,10 +676,10 @@ def _below_own_max(e: KExpr, axes: list[Var]) -> bool:
 def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None) -> ir.Value:
     """Loop metadata asking the vectoriser to interleave several vectors (hides fma latency),
     but no more than a known trip count fills, and to vectorise rows shorter than its own
-    threshold that still hold a whole vector (of `lanes` lanes): a pooled 8-wide row would run
-    all scalar."""
+    threshold that still hold a whole vector (of `lanes` lanes, or HALF_VECTOR of a wider one): a
+    pooled 8-wide row would run all scalar."""
     count = unroll if unroll > 1 else INTERLEAVE
-    force = trip is not None and lanes <= trip < VECTORIZER_MIN_TRIP
+    force = trip is not None and min(lanes, HALF_VECTOR) <= trip < VECTORIZER_MIN_TRIP
     if trip is not None:
         count = max(1, min(count, trip // lanes))
     key = f"{LOOP_HINT}.{count}.{force}"
