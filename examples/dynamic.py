@@ -5,7 +5,9 @@ dynamic_shapes, called with lengths it was never shown.
     eclat compile examples/dynamic.py -o encoder.eclat   # the factory's third item: dynamic_shapes
 """
 
+import statistics
 import time
+import timeit
 
 import torch
 from torch.export import Dim
@@ -21,14 +23,8 @@ def make():
     return model, (torch.randn(1, 32, 128),), ({1: Dim("tokens", min=1, max=256)},)
 
 
-def median_ms(fn, repeats: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2] * 1e3
+def median_ms(fn) -> float:
+    return statistics.median(timeit.repeat(fn, number=1, repeat=20)) * 1e3
 
 
 def main() -> None:

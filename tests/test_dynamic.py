@@ -50,6 +50,17 @@ class Pair(torch.nn.Module):
         return torch.cat([x, y], 1).sum(0)
 
 
+class Calling(torch.nn.Module):
+    """inner called as call(inner, *args): a transformers model with its keywords, tensors out."""
+
+    def __init__(self, inner: torch.nn.Module, call) -> None:
+        super().__init__()
+        self.inner, self.call = inner, call
+
+    def forward(self, ids, mask=None):  # named: torch.export takes *args as one argument
+        return self.call(self.inner, ids) if mask is None else self.call(self.inner, ids, mask)
+
+
 def _compiled(model, example, dynamic, **options):
     return eclat.compile(model.eval(), example, dynamic_shapes=dynamic, autotune="none", **options)
 
@@ -135,16 +146,7 @@ def test_a_transformers_decoder_compiles_once_for_every_prompt_length():
                                      bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     lm = transformers.GPT2LMHeadModel(config).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, ids):
-            return self.lm(input_ids=ids, use_cache=False).logits
-
-    model = Logits().eval()
+    model = Calling(lm, lambda m, ids: m(input_ids=ids, use_cache=False).logits).eval()
     compiled = _compiled(model, (torch.randint(0, 97, (1, 12)),), ({1: Dim("t", min=1, max=32)},))
     for t in range(1, 33):
         _check(compiled, model, torch.randint(0, 97, (1, t)), tol=2e-4)
@@ -244,16 +246,7 @@ def test_an_encoder_with_a_padding_mask_over_run_time_batch_and_length():
                                      intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64)
     torch.manual_seed(0)
     bert = transformers.BertModel(config).eval()
-
-    class Hidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, ids, mask):
-            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
-
-    model = Hidden().eval()
+    model = Calling(bert, lambda m, ids, mask: m(input_ids=ids, attention_mask=mask).last_hidden_state).eval()
     batch, length = Dim("batch", min=1, max=4), Dim("length", min=2, max=32)
     example = (torch.randint(0, 61, (2, 9)), torch.ones(2, 9, dtype=torch.long))
     compiled = _compiled(model, example, ({0: batch, 1: length}, {0: batch, 1: length}))
