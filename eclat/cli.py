@@ -255,8 +255,7 @@ def cmd_inspect(args: argparse.Namespace) -> None:
 
 def _shape_text(shape: list[Any], bounds: bool = True) -> str:
     """A stored shape as a user reads it: [1, s27 in 2..256, 64] (bounds) or [1, s27, 64]."""
-    from eclat.compiler.specs import describe_shape
-    from eclat.ir.symbolic import size_from_json
+    from eclat.ir.symbolic import describe_shape, size_from_json
 
     sizes = tuple(size_from_json(n) for n in shape)
     return describe_shape(sizes) if bounds else "[" + ", ".join(str(n) for n in sizes) + "]"

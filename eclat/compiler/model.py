@@ -11,8 +11,9 @@ import numpy as np
 
 from ..ir.dtypes import DType
 from ..ir.graph import State
+from ..ir.symbolic import bind_sizes, describe_shape
 from .report import CompileReport
-from .specs import InputSpec, bind_sizes, describe_shape, is_array, is_torch, leaves
+from .specs import InputSpec, is_array, is_torch, leaves
 
 
 class CompiledModel:

@@ -41,7 +41,7 @@ from ..backends import get_target
 from ..errors import EclatError
 from ..ir.graph import Graph
 from ..ir.interpreter import run as interpret
-from ..ir.symbolic import dims, evaluate, var_list
+from ..ir.symbolic import bind_sizes, dims, evaluate, var_list
 from . import program_cache
 from . import tune as tuning
 from .group import group
@@ -50,7 +50,7 @@ from .model import CompiledModel
 from .phases import phase, recording
 from .quantize import accuracy, check_mode, quantize
 from .report import CandidateStats, CompileReport, DeviceSummary, EgraphStats
-from .specs import InputSpec, bind_sizes, input_structure, leaves
+from .specs import InputSpec, input_structure, leaves
 from .verify import reference_graph, to_numpy, verified_build, verify
 
 AUTOTUNE_MODES = ("none", "fast", "full")

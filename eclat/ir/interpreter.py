@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .graph import OPS, Graph, Node
-from .symbolic import Expr, evaluate, variables
+from .symbolic import bind_sizes, evaluate
 from .view import View
 
 
@@ -36,18 +36,8 @@ def read_view(flat: np.ndarray, v: View, env: Mapping[str, int] | None = None) -
 
 
 def bind_dims(graph: Graph, arrays: Sequence[np.ndarray]) -> dict[str, int]:
-    """Values of symbolic dimensions, read off the inputs' shapes."""
-    env: dict[str, int] = {}
-    for node, a in zip(graph.inputs, arrays):
-        for dim, n in zip(node.shape, a.shape):
-            if isinstance(dim, Expr) and len(variables(dim)) == 1:
-                name = next(iter(variables(dim)))
-                # solve an affine size a*v + b = n (e.g. 2*s from torch.export's Dim("s") * 2)
-                base = evaluate(dim, {name: 0})
-                slope = evaluate(dim, {name: 1}) - base
-                if slope and (n - base) % slope == 0 and evaluate(dim, {name: (n - base) // slope}) == n:
-                    env.setdefault(name, (n - base) // slope)
-    return env
+    """Values of symbolic dimensions, read off the inputs' shapes (ValueError where they do not fit)."""
+    return bind_sizes([tuple(n.shape) for n in graph.inputs], [np.shape(a) for a in arrays])
 
 
 def run(graph: Graph, inputs: Sequence[np.ndarray], env: Mapping[str, int] | None = None

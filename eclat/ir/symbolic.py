@@ -557,3 +557,49 @@ def size_from_json(data: Any) -> sint:
 def sym_eq(a: sint, b: sint) -> bool:
     """Structural equality of sizes (int 3 == Num(3))."""
     return to_expr(a) == to_expr(b)
+
+
+def describe_shape(shape: tuple[sint, ...]) -> str:
+    """shape as a user reads it: [s0 in 1..512, 64]."""
+    return "[" + ", ".join(f"{n} in {n.lo}..{n.hi}" if isinstance(n, Var) else str(n) for n in shape) + "]"
+
+
+def bind_sizes(shapes: list[tuple[sint, ...]], given: list[tuple[int, ...]],
+               names: list[str] | None = None) -> dict[str, int]:
+    """The values of the run-time sizes in shapes, read off the given shapes of a call; ValueError
+    naming the input when a shape does not fit (a constant size differs, a size is outside its
+    bounds, or two inputs disagree on one)."""
+    env: dict[str, int] = {}
+    later = []
+    for k, (shape, got) in enumerate(zip(shapes, given)):
+        where = f"input {k}" if names is None else names[k]
+        if len(shape) != len(got):
+            raise _misfit(where, shape, got)
+        for d, n in zip(shape, got):
+            if isinstance(d, int):
+                if d != n:
+                    raise _misfit(where, shape, got)
+            elif isinstance(d, Var) and d.name not in env:
+                if not d.lo <= n <= d.hi:
+                    raise _misfit(where, shape, got, f" ({d.name} must be in {d.lo}..{d.hi})")
+                env[d.name] = n
+            else:
+                later.append((where, shape, got, d, n))
+    for where, shape, got, d, n in later:  # a size another input's size determines, or an expression of sizes
+        unknown = variables(d) - env.keys()
+        if len(unknown) == 1:  # an affine size a*v + b = n, v read off it
+            name = unknown.pop()
+            base = evaluate(d, {**env, name: 0})
+            slope = evaluate(d, {**env, name: 1}) - base
+            if slope and (n - base) % slope == 0:
+                env[name] = (n - base) // slope
+        if variables(d) - env.keys() or evaluate(d, env) != n:
+            raise _misfit(where, shape, got, f" (the sizes {env} do not give it)")
+        for v in var_list(d):
+            if not v.lo <= env[v.name] <= v.hi:
+                raise _misfit(where, shape, got, f" ({v.name} = {env[v.name]} must be in {v.lo}..{v.hi})")
+    return env
+
+
+def _misfit(where: str, shape: tuple[sint, ...], got: tuple[int, ...], why: str = "") -> ValueError:
+    return ValueError(f"{where}: expected shape {describe_shape(shape)}, given {list(got)}{why}")

@@ -11,8 +11,7 @@ import numpy as np
 
 from ...compiler.kernel import Program, Schedule
 from ...compiler.memplan import MemoryPlan, plan_memory
-from ...compiler.specs import bind_sizes
-from ...ir.symbolic import evaluate
+from ...ir.symbolic import bind_sizes, evaluate
 from .codegen import build_module
 from .emitter import SIZES
 from .jit import Jitted, one_thread_warning

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...compiler.kernel import Buffer, Kernel, Program, loads, specialised
-from ...compiler.specs import bind_sizes
+from ...ir.symbolic import bind_sizes
 
 
 def isolate(program: Program, kernel: Kernel) -> Program:
