@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .graph import OPS, Graph, Node
-from .symbolic import bind_sizes, evaluate
+from .symbolic import bind_sizes, evaluate, var_list
 from .view import View
 
 
@@ -36,8 +36,12 @@ def read_view(flat: np.ndarray, v: View, env: Mapping[str, int] | None = None) -
 
 
 def bind_dims(graph: Graph, arrays: Sequence[np.ndarray]) -> dict[str, int]:
-    """Values of symbolic dimensions, read off the inputs' shapes (ValueError where they do not fit)."""
-    return bind_sizes([tuple(n.shape) for n in graph.inputs], [np.shape(a) for a in arrays])
+    """Values of symbolic dimensions, read off the inputs' shapes (ValueError where they do not fit).
+    Fixed sizes bind nothing and are not checked: numpy broadcasts, say, a [1] given for a []."""
+    shapes = [tuple(n.shape) for n in graph.inputs]
+    if not any(var_list(d) for shape in shapes for d in shape):
+        return {}
+    return bind_sizes(shapes, [np.shape(a) for a in arrays])
 
 
 def run(graph: Graph, inputs: Sequence[np.ndarray], env: Mapping[str, int] | None = None
