@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import eclat
+from eclat.compiler.kernel import walk
 
 
 class RowCache(torch.nn.Module):
@@ -104,3 +105,41 @@ def test_an_artifact_keeps_the_states_and_starts_from_their_initial_values(tmp_p
         got = loaded(x.numpy(), pos.numpy())
         np.testing.assert_allclose(got[0], want[0].numpy(), rtol=1e-5, atol=1e-6)
         assert int(got[1]) == step + 1
+
+
+class CachedProduct(torch.nn.Module):
+    """p @ values, the values a cache of rows written at run-time positions (decode attention's
+    product with V, the cache read through the rows the step writes)."""
+
+    def __init__(self, heads: int, length: int, dim: int):
+        super().__init__()
+        self.register_buffer("values", torch.zeros(1, heads, length, dim))
+
+    def forward(self, p, v, positions):
+        self.values.index_copy_(2, positions, v)
+        return p @ self.values
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 64), (1, 80), (1, 72), (5, 48)])
+def test_a_product_with_a_cache_read_through_its_update(rows, dim):
+    """The product's right operand selects, per step of k, between the cache and the new row: for
+    one row the micro-kernel reads it as vectors (whole panels) and element by element (the last
+    partial panel: 80 and 72 columns)."""
+    from eclat.backends.cpu.contraction import columnwise, contraction_of
+
+    heads, length = 2, 19
+    model = CachedProduct(heads, length, dim).eval()
+    twin = CachedProduct(heads, length, dim).eval()
+    p = torch.rand(1, heads, rows, length)
+    compiled = eclat.compile(model, (p, torch.randn(1, heads, 1, dim), torch.tensor([0])),
+                             autotune="none", quiet=True)
+    program = compiled.executable.program
+    products = [c for c in (contraction_of(k, program.buffers) for k in program.kernels) if c is not None]
+    selects = [c for c in products if any(getattr(x, "op", None) == "where" for x in walk(c.b))]
+    assert all(columnwise(c.b, f"i{c.n_axis}") for c in selects) and (selects or rows > 1)
+    for step in range(4):
+        p, v = torch.rand(1, heads, rows, length), torch.randn(1, heads, 1, dim)
+        pos = torch.tensor([3 * step])
+        with torch.no_grad():
+            want = twin(p, v, pos)
+        np.testing.assert_allclose(compiled(p, v, pos).numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

@@ -21,6 +21,7 @@ from ...compiler.kernel import (
     Kernel,
     KExpr,
     Load,
+    Op,
     as_contraction,
     axis_vars,
     free_vars,
@@ -29,7 +30,7 @@ from ...compiler.kernel import (
 )
 from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
-from ...ir.symbolic import Expr, Num, Var, evaluate, prod, sint, terms, to_expr, upper
+from ...ir.symbolic import Expr, Num, Var, evaluate, prod, sint, terms, to_expr, upper, var_list
 from ...ir.view import contiguous_strides
 from ..derived import derived
 from . import host
@@ -43,6 +44,37 @@ PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight st
 CACHE_LINE = 64  # bytes a prefetch brings in
 ACCUMULATOR_CHAINS = 8  # fmas in flight that hide an fma's latency (2 ports x 4 cycles)
 TAIL_ROWS = 4  # the height of the row blocks after the last whole one, over a run-time number of rows
+
+
+COLUMN_OPS = {"add": "fadd", "sub": "fsub", "mul": "fmul"}  # float ops a right operand runs as vectors
+
+
+def _steps_by_one(index: Expr, n_var: str) -> bool:
+    """Whether index steps by exactly one per column: n_var appears only as a term of its own."""
+    parts = terms(index)
+    own = [c for c, a in parts if isinstance(a, Var) and a.name == n_var]
+    nested = any(a is not None and not (isinstance(a, Var) and a.name == n_var) and
+                 n_var in {v.name for v in var_list(a)} for _c, a in parts)
+    return own == [1] and not nested
+
+
+def columnwise(e: KExpr, n_var: str) -> bool:
+    """Whether e's NR values along the columns are vector arithmetic (`_columns`): contiguous
+    reads, values the columns do not change, float add, sub and mul, and selects between
+    columns by a value the columns do not change (a KV cache read through the row a step
+    writes: one vector select per step of k, not NR scalar ones)."""
+    if n_var not in free_vars(e):
+        return True
+    if isinstance(e, Load):
+        return e.valid == Num(1) and e.dtype is DType.float32 and _steps_by_one(e.index, n_var)
+    if isinstance(e, Gather):
+        return e.dtype is DType.float32 and n_var not in free_vars(e.idx) and \
+            _steps_by_one(e.inner, n_var)
+    if not isinstance(e, Op) or e.dtype is not DType.float32:
+        return False
+    if e.op == "where":
+        return n_var not in free_vars(e.srcs[0]) and all(columnwise(x, n_var) for x in e.srcs[1:])
+    return e.op in COLUMN_OPS and all(columnwise(x, n_var) for x in e.srcs)
 
 
 def contraction_of(kernel: Kernel, buffers: dict[str, Buffer]) -> Contraction | None:
@@ -160,7 +192,7 @@ class ContractionEmitter(KernelEmitter):
         tile = self.b.alloca(F32, size=mr * nr)
         vt = ir.VectorType(F32, lanes)
         fma = intrinsic(self.mod, "llvm.fma", vt, 3)
-        b_unit = self._unit_stride(c.b, f"i{c.n_axis}")
+        b_unit = columnwise(c.b, f"i{c.n_axis}")
         # a right operand that is not a constant, or a constant packed in low precision: copy (decode)
         # each K x NR panel into a dense float32 scratch once, and let every row block read it
         self.scratch = None
@@ -210,19 +242,23 @@ class ContractionEmitter(KernelEmitter):
                 return out
 
             def group(g: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
-                """One group of int4 steps of k for a block of one row: sum a x q, then scale once:
+                """One group of int4 steps of k for a block of one row: sum a x (q - 8), then scale
+                once. Where the nibbles decode as q (no table), the 8 comes off once per group:
                 s * sum a (q - 8) = s * (sum a q - 8 sum a)."""
-                pairs = self.group // 2
+                pairs, centred = self.group // 2, self._nibble_table()
                 def pair(kv: ir.Value, part: list[ir.Value]) -> list[ir.Value]:
                     at = bb.add(bb.mul(g, i64(pairs)), kv)
-                    return kstep(kv, part, self._nibble_pair(p, at, nr, vt, scaled=False), sums=True)
-                sums = self.loop(i64(0), i64(pairs), zeros + [ir.Constant(F32, 0.0)] * mr, pair)
+                    return kstep(kv, part, self._nibble_pair(p, at, nr, vt, scaled=False), sums=not centred)
+                row_sums = [] if centred else [ir.Constant(F32, 0.0)] * mr
+                sums = self.loop(i64(0), i64(pairs), zeros + row_sums, pair)
                 row = bb.mul(bb.add(bb.mul(p, i64(kk // self.group)), g), i64(nr))
                 scales = [self._vector(self.pack_name + SCALES, bb.add(row, i64(v * lanes)), F32, vt)
                           for v in range(nv)]
-                shift = [splat(bb, bb.fmul(total, ir.Constant(F32, -8.0)), lanes) for total in sums[mr * nv:]]
-                return [bb.call(fma, [bb.fadd(sums[j], shift[j // nv]), scales[j % nv], acc])
-                        for j, acc in enumerate(accs)]
+                if not centred:
+                    shift = [splat(bb, bb.fmul(total, ir.Constant(F32, -8.0)), lanes)
+                             for total in sums[mr * nv:]]
+                    sums = [bb.fadd(total, shift[j // nv]) for j, total in enumerate(sums[:mr * nv])]
+                return [bb.call(fma, [sums[j], scales[j % nv], acc]) for j, acc in enumerate(accs)]
 
             def unrolled(kv: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 """`sets` steps of k, each into its own set of accumulators."""
@@ -313,7 +349,7 @@ class ContractionEmitter(KernelEmitter):
             return
 
         vt = ir.VectorType(F32, self.lanes)
-        unit = self._unit_stride(c.b, f"i{c.n_axis}")
+        unit = columnwise(c.b, f"i{c.n_axis}")
         full = self.b.icmp_signed("<=", self.b.add(n0, i64(nr)), self.sym(n_size))
 
         def step(kv: ir.Value, _a: list) -> list:
@@ -325,11 +361,21 @@ class ContractionEmitter(KernelEmitter):
             return []
         self.loop(i64(0), self.sym(kk), [], step)
 
-    def _unit_stride(self, e: KExpr, n_var: str) -> bool:
-        if not (isinstance(e, Load) and e.valid == Num(1)):
-            return False
-        coefs = [c for c, a in terms(e.index) if isinstance(a, Var) and a.name == n_var]
-        return coefs == [1]
+    def _columns(self, e: KExpr, n_var: str, vt: ir.VectorType, v: int) -> ir.Value:
+        """The v-th vector of e's values at columns n0, n0 + 1, ... (n_var bound to n0), where
+        `columnwise` holds for e."""
+        bb, lanes = self.b, self.lanes
+        if n_var not in free_vars(e):
+            return splat(bb, self.emit(e), lanes)
+        if isinstance(e, (Load, Gather)):
+            at = self.sym(e.index) if isinstance(e, Load) else self._gathered_at(e)
+            ptr = bb.gep(self.ptr[e.buffer], [bb.add(at, i64(v * lanes))], source_etype=F32)
+            return bb.load(ptr, typ=vt, align=4)
+        xs = [self._columns(x, n_var, vt, v) for x in e.srcs[1:]] if e.op == "where" else \
+            [self._columns(x, n_var, vt, v) for x in e.srcs]
+        if e.op == "where":
+            return bb.select(self.emit(e.srcs[0]), *xs)
+        return getattr(bb, COLUMN_OPS[e.op])(*xs)
 
     def _b_vectors(self, c: Contraction, p: ir.Value, n0: ir.Value, kv: ir.Value, nr: int,
                    full: ir.Value, unit: bool, vt: ir.VectorType, into_scratch: bool = False
@@ -355,10 +401,7 @@ class ContractionEmitter(KernelEmitter):
             with then:
                 with self.scope.nested():
                     self.scope.bind(f"i{c.n_axis}", n0)
-                    start = self.sym(c.b.index)
-                    ptr = self.ptr[c.b.buffer]
-                    fast = [bb.load(bb.gep(ptr, [bb.add(start, i64(v * lanes))], source_etype=F32),
-                                    typ=vt, align=4) for v in range(nv)]
+                    fast = [self._columns(c.b, f"i{c.n_axis}", vt, v) for v in range(nv)]
                 then_block = bb.block
             with otherwise:
                 slow = self._b_scalar(c, n0, nr, vt)
@@ -394,16 +437,42 @@ class ContractionEmitter(KernelEmitter):
         iv = ir.VectorType(I32, lanes)
         low, high = (ir.Constant(iv, [m] * lanes) for m in (15, 4))
         offset = ir.Constant(vt, [8.0] * lanes)
+        table = self._nibble_table()
         steps: list[list[ir.Value]] = [[], []]
         for v in range(nr // lanes):
             at = bb.add(base, i64(v * lanes))
             packed = bb.zext(self._vector(self.pack_name, at, I8, ir.VectorType(I8, lanes)), iv)
             scale = self._vector(self.pack_name + SCALES, bb.add(row, i64(v * lanes)), F32, vt) if scaled \
                 else None
-            for step, q in zip(steps, (bb.and_(packed, low), bb.lshr(packed, high))):
-                q = bb.sitofp(q, vt)
-                step.append(bb.fmul(bb.fsub(q, offset), scale) if scaled else q)  # (q - 8) * s, exact
+            if table:  # q - 8 looked up: the permute reads an index's low 4 bits, so no mask
+                centred = ir.Constant(vt, [float(q - 8) for q in range(16)])
+                pair = [bb.call(table, [centred, q]) for q in (packed, bb.lshr(packed, high))]
+            else:
+                pair = [bb.sitofp(q, vt) for q in (bb.and_(packed, low), bb.lshr(packed, high))]
+            for step, q in zip(steps, pair):
+                if scaled:  # (q - 8) * s, exact
+                    q = bb.fmul(q if table else bb.fsub(q, offset), scale)
+                step.append(q)
         return [(k0, steps[0]), (bb.add(k0, i64(1)), steps[1])]
+
+    def _nibble_table(self) -> ir.Function | None:
+        """AVX-512's permute of 16 floats by the low 4 bits of each index (vpermps), where the host
+        has it: an int4 nibble becomes q - 8 in one instruction, not a mask, a conversion and a
+        subtraction (int4 decode is bound by these operations, not by bytes)."""
+        if self.lanes != 16 or "avx512f" not in host.features():
+            return None
+        name, vt = "llvm.x86.avx512.permvar.sf.512", ir.VectorType(F32, 16)
+        return self.mod.globals.get(name) or ir.Function(
+            self.mod, ir.FunctionType(vt, [vt, ir.VectorType(I32, 16)]), name)
+
+    def _gathered_at(self, e: Gather) -> ir.Value:
+        """The flat element a Gather reads (its row index clamped, as the emitter reads it)."""
+        bb = self.b
+        idx = self.emit(e.idx)
+        idx = bb.sext(idx, I64) if idx.type != I64 else idx
+        idx = bb.select(bb.icmp_signed("<", idx, i64(0)), i64(0), idx)
+        idx = bb.select(bb.icmp_signed(">", idx, i64(e.rows - 1)), i64(e.rows - 1), idx)
+        return bb.add(bb.mul(idx, self.sym(e.row_size)), self.sym(e.inner))
 
     def _nibbles(self) -> bool:
         return self.pack_format is not None and FORMATS[self.pack_format].bits == 4
