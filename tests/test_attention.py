@@ -17,7 +17,7 @@ from eclat.backends.cpu.codegen import emitter
 from eclat.backends.cpu.runtime import CpuExecutable
 from eclat.compiler import pipeline
 from eclat.compiler.group import group
-from eclat.compiler.kernel import Const, Kernel, Load, Op, Reduce, as_attention, attention_body
+from eclat.compiler.kernel import Const, Kernel, Load, Op, Reduce, as_attention, attention_body, reduces
 from eclat.ir import graph as G
 from eclat.ir.dtypes import DType
 from eclat.ir.interpreter import run
@@ -260,3 +260,26 @@ def test_an_attention_the_cpu_would_run_as_loops_is_not_offered_to_the_search(d)
     fused = [p for _, _, _, p in programs if any(as_attention(kern) for kern in p.kernels)]
     assert programs and all(cpu.runs_fused(kern) for p in fused for kern in p.kernels)
     assert bool(fused) == (d == 64)
+
+
+class GroupedQuery(torch.nn.Module):
+    """Grouped-query attention as transformers writes it: keys and values of 2 heads repeated for 4
+    query heads each (expand, then reshape), so that no strided view expresses the repeat."""
+
+    def forward(self, q, k, v):
+        b, kv, t, d = k.shape
+        k = k[:, :, None].expand(b, kv, 4, t, d).reshape(b, kv * 4, t, d)
+        v = v[:, :, None].expand(b, kv, 4, t, d).reshape(b, kv * 4, t, d)
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+
+@pytest.mark.parametrize("queries", [1, 6])
+def test_grouped_query_keys_are_read_where_they_are_not_copied_per_head(queries):
+    q, k, v = torch.randn(1, 8, queries, D), torch.randn(1, 2, 11, D), torch.randn(1, 2, 11, D)
+    compiled = eclat.compile(GroupedQuery(), (q, k, v), autotune="none", quiet=True)
+    want = GroupedQuery()(q, k, v).numpy()
+    np.testing.assert_allclose(compiled(q, k, v).numpy(), want, rtol=1e-5, atol=1e-5)
+    program = compiled.executable.program
+    repeated = 8 * 11 * D  # elements of the keys repeated for every query head
+    copies = [k for k in program.kernels if program.buffers[k.out].numel == repeated and not reduces(k.body)]
+    assert not copies, "a kernel copies the keys or values once per query head"

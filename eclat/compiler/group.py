@@ -41,6 +41,7 @@ from ..ir.graph import OPS, Graph, Node, decompose_composites, movement
 from ..ir.symbolic import (
     Expr,
     Num,
+    as_int,
     assume,
     bounds,
     dims,
@@ -96,7 +97,7 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     graph = decompose_composites(_products_before_masks(graph), keep=keep)
     nodes = graph.nodes()
     forced = {id(n.srcs[0]) for n in nodes if n.op == "gather"}
-    forced |= {id(n) for n in nodes if n.op in ("contiguous", "attend")}
+    forced |= {id(n) for n in nodes if n.op == "attend" or n.op == "contiguous" and not _broadcast_copy(n)}
     forced |= {id(o) for o in graph.outputs}
     chosen = _contractions_under_reduces(graph, nodes, forced)
     # the first attempt fuses all it can: through a deep model (a 12-layer decode step) its
@@ -113,6 +114,16 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     finally:
         sys.setrecursionlimit(limit)
     raise EclatError("kernel grouping did not converge")  # pragma: no cover
+
+
+def _broadcast_copy(n: Node) -> bool:
+    """Whether contiguous node n copies a broadcast (a view repeating its source along an axis):
+    the frontend's way to reshape one (a grouped-query attention's keys repeated per query
+    head), which no strided view expresses. Its readers read the source through the index
+    instead (h // repeats): a copy would write every repeat, a cache's worth per decode step."""
+    src = n.srcs[0]
+    return src.op == "view" and any(as_int(st) == 0 and as_int(d) != 1
+                                    for st, d in zip(src.arg.strides, src.arg.shape))
 
 
 def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int]) -> set[int]:
