@@ -5,7 +5,8 @@ producers too, by unravelling the flat index). Everything that is not materialis
 inlined into the kernel of its consumer, so elementwise chains fuse and a reduction
 fuses with its prologue and epilogue. A value is materialised (gets a buffer and a
 kernel of its own) when it is an output, a `contiguous` (the e-graph's way of asking
-for a kernel boundary), a gather table, or when inlining would recompute real work:
+for a kernel boundary; not the copy of a broadcast, which readers read through), a gather
+table, or when inlining would recompute real work:
 
   * redundant: it sits inside a loop it does not depend on and cannot be hoisted out
     of (an operand of a matmul computed per output column; a column sum read per row),
