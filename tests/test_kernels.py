@@ -573,3 +573,27 @@ def test_windows_read_through_padding_run_unmasked_inside_the_rows(stride, threa
     exe = on_two_threads(program) if threads > 1 else CpuExecutable(program)
     for got, want in zip(exe.run([xs]), run(graph, [xs])):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("make", ["make_hf_llama", "make_mobile"])
+def test_grouping_reuses_kernels_only_where_nothing_they_inline_changed(make, monkeypatch):
+    """Each attempt of grouping's fixpoint takes the kernels of the previous one that inline nothing
+    it materialises since; the program is the one attempts built from nothing give."""
+    from eclat.compiler import group as grouping
+    from eclat.frontend.lower import lower
+    from tests import zoo
+
+    model, inputs = getattr(zoo, make)()
+    graph = lower(model, inputs)
+    reused = group(graph)
+    built = grouping._Grouping.__init__
+    calls = []
+
+    def from_nothing(self, graph, nodes, materialised, previous=None):
+        calls.append(previous is not None)
+        built(self, graph, nodes, materialised, None)
+    monkeypatch.setattr(grouping._Grouping, "__init__", from_nothing)
+    fresh = group(graph)
+    assert any(calls), "the fixpoint took one attempt: nothing was reused"
+    assert [(k.name, k.out, k.shape, k.body) for k in reused.kernels] == \
+        [(k.name, k.out, k.shape, k.body) for k in fresh.kernels]

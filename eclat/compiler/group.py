@@ -106,8 +106,9 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, DEEP_RECURSION))
     try:
+        grouping = None
         for _ in range(64):
-            grouping = _Grouping(graph, nodes, forced | chosen)
+            grouping = _Grouping(graph, nodes, forced | chosen, grouping)
             extra = grouping.offenders()
             if not extra:
                 return grouping.program()
@@ -452,9 +453,12 @@ def _is_contraction(r: Reduce, fv_memo: dict | None = None) -> bool:
 
 
 class _Grouping:
-    """One attempt: kernels for a given set of materialised nodes."""
+    """One attempt: kernels for a given set of materialised nodes. Given the previous attempt (which
+    materialised a subset of them), a kernel is taken from it as it was when nothing it inlined is
+    materialised now: its body is a function of what it inlines and of the buffers at their edge."""
 
-    def __init__(self, graph: Graph, nodes: list[Node], materialised: set[int]):
+    def __init__(self, graph: Graph, nodes: list[Node], materialised: set[int],
+                 previous: _Grouping | None = None):
         self.graph, self.nodes = graph, nodes
         self.topo = {id(n): k for k, n in enumerate(nodes)}
         self.buffers: dict[str, Buffer] = {}
@@ -463,6 +467,8 @@ class _Grouping:
         self.origin: dict[KExpr, Node] = {}
         self.occurrences: dict[int, set[tuple[int, KExpr]]] = {}
         self._memo: dict = {}
+        # per materialised node: its kernel and what building it noted (node, value), for reuse
+        self._built: dict[int, tuple[Kernel, list[tuple[Node, KExpr]]]] = {}
         self._quiet = False  # building an attend kernel's scores: never materialised, so not recorded
         for k, n in enumerate(graph.inputs):
             self._leaf_buffer(n, f"in{k}_{n.arg}" if isinstance(n.arg, str) else f"in{k}", "input")
@@ -479,8 +485,13 @@ class _Grouping:
             self.buffers[name] = Buffer(name, numel_bound(n.shape), n.dtype,
                                         "output" if id(n) in outs else "temp")
             self.buf_of[id(n)] = name
+        fresh = None if previous is None else set(self.buf_of) - set(previous.buf_of)
         for n in self.materialised:
-            self._kernel(n, self.buf_of[id(n)])
+            built = previous._built.get(id(n)) if previous is not None else None
+            if built is not None and not self._inlines(n, fresh, previous.buf_of):
+                self._reuse(n, *built)
+            else:
+                self._kernel(n, self.buf_of[id(n)])
         self.outputs: list[str] = []
         for k, o in enumerate(graph.outputs):
             name = f"out{k}"
@@ -505,10 +516,40 @@ class _Grouping:
     def _kernel(self, n: Node, out: str, copy: bool = False) -> None:
         idxs = tuple(axis_vars(tuple(n.shape)))
         kid = len(self.kernels)
-        self._kid, self._ops = kid, set()
+        self._kid, self._ops, self._noted = kid, set(), []
         body = self._load(n, idxs, Num(1)) if copy else self._compute(n, idxs, Num(1))
         self.kernels.append(Kernel(f"k{kid}_{n.op}", out, dims(n.shape), body,
                                    ops=sorted(self._ops)))
+        if not copy:
+            self._built[id(n)] = (self.kernels[-1], self._noted)
+
+    @staticmethod
+    def _inlines(n: Node, fresh: set[int], buffered: dict[int, str]) -> bool:
+        """Whether n's kernel, as the previous attempt built it (`buffered`: its buffers), inlines a
+        node in `fresh` (materialised since)."""
+        stack, seen = list(n.srcs), set()
+        while stack:
+            x = stack.pop()
+            if id(x) in seen or id(x) in buffered:
+                continue
+            if id(x) in fresh:
+                return True
+            seen.add(id(x))
+            stack.extend(x.srcs)
+        return False
+
+    def _reuse(self, n: Node, kernel: Kernel, noted: list[tuple[Node, KExpr]]) -> None:
+        """The previous attempt's kernel for n, numbered here, with what it noted."""
+        self._kid = len(self.kernels)
+        self.kernels.append(dataclasses.replace(kernel, name=f"k{self._kid}_{n.op}"))
+        for m, out in noted:
+            self._note(m, out)
+        self._built[id(n)] = (kernel, noted)
+
+    def _note(self, n: Node, out: KExpr) -> None:
+        """n's value `out` is evaluated in the current kernel (for the materialisation rules)."""
+        self.origin.setdefault(out, n)
+        self.occurrences.setdefault(id(n), set()).add((self._kid, out))
 
     # --- values ------------------------------------------------------------------------
     def value(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
@@ -530,8 +571,8 @@ class _Grouping:
             out = self._memo[key] = self._build(n, idxs, guard)
         self._ops.add(n.op)
         if n.kind in _COMPUTE_KINDS and not self._quiet:
-            self.origin.setdefault(out, n)
-            self.occurrences.setdefault(id(n), set()).add((self._kid, out))
+            self._note(n, out)
+            self._noted.append((n, out))
         return out
 
     def _build(self, n: Node, idxs: tuple[Expr, ...], guard: Expr) -> KExpr:
