@@ -283,3 +283,17 @@ def test_grouped_query_keys_are_read_where_they_are_not_copied_per_head(queries)
     repeated = 8 * 11 * D  # elements of the keys repeated for every query head
     copies = [k for k in program.kernels if program.buffers[k.out].numel == repeated and not reduces(k.body)]
     assert not copies, "a kernel copies the keys or values once per query head"
+
+
+def test_a_repeat_along_the_innermost_axis_is_still_copied():
+    """repeat_interleave on the last axis: reading through it would cost its readers their
+    contiguous rows, so the copy stays (and the answer is torch's)."""
+    class Interleaved(torch.nn.Module):
+        def forward(self, x, w):
+            return x[..., None].expand(*x.shape, 2).reshape(*x.shape[:-1], 2 * x.shape[-1]) @ w
+
+    x, w = torch.randn(3, 5, 8), torch.randn(16, 4)
+    compiled = eclat.compile(Interleaved(), (x, w), autotune="none", quiet=True)
+    np.testing.assert_allclose(compiled(x, w).numpy(), Interleaved()(x, w).numpy(), rtol=1e-5, atol=1e-5)
+    program = compiled.executable.program
+    assert any(program.buffers[k.out].numel == 3 * 5 * 16 and not reduces(k.body) for k in program.kernels)

@@ -122,10 +122,13 @@ def _broadcast_copy(n: Node) -> bool:
     """Whether contiguous node n copies a broadcast (a view repeating its source along an axis):
     the frontend's way to reshape one (a grouped-query attention's keys repeated per query
     head), which no strided view expresses. Its readers read the source through the index
-    instead (h // repeats): a copy would write every repeat, a cache's worth per decode step."""
+    instead (h // repeats): a copy would write every repeat, a cache's worth per decode step. Not
+    when the innermost axis repeats (a repeat_interleave): its readers would lose contiguous rows."""
     src = n.srcs[0]
-    return src.op == "view" and any(as_int(st) == 0 and as_int(d) != 1
-                                    for st, d in zip(src.arg.strides, src.arg.shape))
+    if src.op != "view":
+        return False
+    axes = [(as_int(st), as_int(d)) for st, d in zip(src.arg.strides, src.arg.shape) if as_int(d) != 1]
+    return any(st == 0 for st, _ in axes) and axes[-1][0] != 0
 
 
 def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int]) -> set[int]:
