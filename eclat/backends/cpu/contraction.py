@@ -368,11 +368,10 @@ class ContractionEmitter(KernelEmitter):
         if n_var not in free_vars(e):
             return splat(bb, self.emit(e), lanes)
         if isinstance(e, (Load, Gather)):
-            at = self.sym(e.index) if isinstance(e, Load) else self._gathered_at(e)
+            at = self.sym(e.index) if isinstance(e, Load) else self.gathered_at(e)
             ptr = bb.gep(self.ptr[e.buffer], [bb.add(at, i64(v * lanes))], source_etype=F32)
             return bb.load(ptr, typ=vt, align=4)
-        xs = [self._columns(x, n_var, vt, v) for x in e.srcs[1:]] if e.op == "where" else \
-            [self._columns(x, n_var, vt, v) for x in e.srcs]
+        xs = [self._columns(x, n_var, vt, v) for x in (e.srcs[1:] if e.op == "where" else e.srcs)]
         if e.op == "where":
             return bb.select(self.emit(e.srcs[0]), *xs)
         return getattr(bb, COLUMN_OPS[e.op])(*xs)
@@ -464,15 +463,6 @@ class ContractionEmitter(KernelEmitter):
         name, vt = "llvm.x86.avx512.permvar.sf.512", ir.VectorType(F32, 16)
         return self.mod.globals.get(name) or ir.Function(
             self.mod, ir.FunctionType(vt, [vt, ir.VectorType(I32, 16)]), name)
-
-    def _gathered_at(self, e: Gather) -> ir.Value:
-        """The flat element a Gather reads (its row index clamped, as the emitter reads it)."""
-        bb = self.b
-        idx = self.emit(e.idx)
-        idx = bb.sext(idx, I64) if idx.type != I64 else idx
-        idx = bb.select(bb.icmp_signed("<", idx, i64(0)), i64(0), idx)
-        idx = bb.select(bb.icmp_signed(">", idx, i64(e.rows - 1)), i64(e.rows - 1), idx)
-        return bb.add(bb.mul(idx, self.sym(e.row_size)), self.sym(e.inner))
 
     def _nibbles(self) -> bool:
         return self.pack_format is not None and FORMATS[self.pack_format].bits == 4

@@ -403,12 +403,7 @@ class KernelEmitter:
         elif isinstance(e, Load):
             out = self.load(e.buffer, e.index, e.valid, e.dtype)
         elif isinstance(e, Gather):
-            idx = self.emit(e.idx)
-            idx = b.sext(idx, I64) if idx.type != I64 else idx
-            idx = b.select(b.icmp_signed("<", idx, i64(0)), i64(0), idx)
-            idx = b.select(b.icmp_signed(">", idx, i64(e.rows - 1)), i64(e.rows - 1), idx)
-            flat = b.add(b.mul(idx, self.sym(e.row_size)), self.sym(e.inner))
-            out = self.load_at(e.buffer, flat, e.dtype)
+            out = self.load_at(e.buffer, self.gathered_at(e), e.dtype)
         elif isinstance(e, Op):
             out = self.op(e)
         elif isinstance(e, Reduce):
@@ -416,6 +411,15 @@ class KernelEmitter:
         else:  # pragma: no cover
             raise TypeError(f"not a kernel expression: {e!r}")
         return self.scope.remember(e, out)
+
+    def gathered_at(self, e: Gather) -> ir.Value:
+        """The flat element a Gather reads: its row index clamped to the table's rows."""
+        b = self.b
+        idx = self.emit(e.idx)
+        idx = b.sext(idx, I64) if idx.type != I64 else idx
+        idx = b.select(b.icmp_signed("<", idx, i64(0)), i64(0), idx)
+        idx = b.select(b.icmp_signed(">", idx, i64(e.rows - 1)), i64(e.rows - 1), idx)
+        return b.add(b.mul(idx, self.sym(e.row_size)), self.sym(e.inner))
 
     def load(self, buf: str, index: Expr, valid: Expr, dt: DType) -> ir.Value:
         if self.buffers[buf].numel == 0 or valid == Num(0):
