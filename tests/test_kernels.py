@@ -566,7 +566,7 @@ def test_windows_read_through_padding_run_unmasked_inside_the_rows(stride, threa
         outs.append(G.reduce(op, G.reduce(op, G.view(padded, windows), 4), 3))
     graph = G.Graph([x], outs, {})
     program = group(graph)
-    split = [k for k in program.kernels if KernelEmitter(None, k, program.buffers, {}, 8)._interior()]
+    split = [k for k in program.kernels if KernelEmitter(None, k, program.buffers, {}, 8)._interior(k.body)]
     assert len(program.kernels) == len(split) == 2  # each pool reads x through its padding, split
     xs = rand(3, 17, 21)
     xs[0, 0, 0], xs[1, 16, 20], xs[2, 5, 0], xs[2, 8, 9] = np.nan, np.inf, -np.inf, np.nan
@@ -597,3 +597,64 @@ def test_grouping_reuses_kernels_only_where_nothing_they_inline_changed(make, mo
     assert any(calls), "the fixpoint took one attempt: nothing was reused"
     assert [(k.name, k.out, k.shape, k.body) for k in reused.kernels] == \
         [(k.name, k.out, k.shape, k.body) for k in fresh.kernels]
+
+
+def _cat(parts: list[G.Node], axis: int) -> G.Node:
+    """torch.cat as the frontend lowers it: each part padded with zeros to the whole, added up."""
+    total, at, out = sum(p.shape[axis] for p in parts), 0, None
+    for p in parts:
+        pads = [(0, 0)] * len(p.shape)
+        pads[axis] = (at, total - at - p.shape[axis])
+        at += p.shape[axis]
+        padded = G.movement(p, lambda v, pads=pads: v.pad(pads))
+        out = padded if out is None else G.binary("add", out, padded)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_concatenation_runs_in_pieces_with_its_masks_folded(threads):
+    """A concatenation's reader loads every part under a mask per element. Where the masks depend
+    on one axis alone, that axis's loop runs in pieces, one per part, each load unmasked
+    (`KernelEmitter._pieces`): a 3x3 max pool reading parts joined along channels (the axis threads
+    split), and an exp2 reading parts joined along a middle axis."""
+    from eclat.backends.cpu.emitter import KernelEmitter
+
+    parts = [G.input_(f"c{j}", (n, 9, 11)) for j, n in enumerate((5, 3, 2))]
+    joined = _cat(parts, 0)
+    windows = View.make((10, 4, 5, 3, 3), (99, 22, 2, 11, 1))
+    pool = G.reduce("max_reduce", G.reduce("max_reduce", G.view(joined, windows), 4), 3)
+    rows = [G.input_(f"r{j}", (4, n, 16)) for j, n in enumerate((6, 1, 9))]
+    middle = G.unary("exp2", _cat(rows, 1))
+    graph = G.Graph(parts + rows, [pool, middle], {})
+    program = group(graph)
+    pieces = {k.out: len(KernelEmitter(None, k, program.buffers, {}, 8)._pieces(k.body, axis))
+              for k in program.kernels for axis in range(len(k.shape) - 1)
+              if len(KernelEmitter(None, k, program.buffers, {}, 8)._pieces(k.body, axis)) > 1}
+    assert list(pieces.values()) == [3, 3], pieces
+    inputs = [rand(n, 9, 11) for n in (5, 3, 2)] + [rand(4, n, 16) for n in (6, 1, 9)]
+    exe = on_two_threads(program) if threads > 1 else CpuExecutable(program)
+    for got, want in zip(exe.run(inputs), run(graph, inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weight", [True, False])
+def test_a_product_with_few_columns_runs_transposed(weight):
+    """W[64, 96] @ P[96, 4] (a convolution over 4 pixels) fills 4 of a tile's 16 or 32 columns; its
+    default schedule turns the tile (`Schedule.transposed`: the vectors run along W's 64 rows, W
+    packed as the right operand), and every schedule of its space gives the same values."""
+    w = rand(64, 96)
+    left = G.weight("w", w, DType.float32) if weight else G.input_("w", (64, 96))
+    p = G.input_("p", (96, 4))
+    graph = G.Graph([p] if weight else [left, p], [G.binary("max", matmul(left, p), G.expand_to(G.const(0.0), (64, 4)))],
+                    {"w": w} if weight else {})
+    inputs = [rand(96, 4)] if weight else [w, rand(96, 4)]
+    want = run(graph, inputs)[0]
+    program = group(graph)
+    (kern,) = program.kernels
+    assert default_schedule(kern).transposed
+    space = schedule_space(kern)
+    assert any(not s.transposed for s in space)
+    for s in space:
+        kern.schedule = s
+        got = CpuExecutable(program).run(inputs)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -356,16 +356,18 @@ class Schedule:
     """How a kernel's loops run on a CPU (a target may carry its own kind of schedule instead: see
     its Target.default_schedule). tile: register block for contraction kernels (MR rows x NR
     columns of the output); unroll: vectors in flight in vectorised inner loops (1 = the
-    backend's default); threads: how many threads split the outermost parallel loop."""
+    backend's default); threads: how many threads split the outermost parallel loop; transposed:
+    a contraction's vectors run along its rows instead (`transposed`), its tile counted that way."""
 
     tile: tuple[int, int] = (1, 1)
     unroll: int = 1
     threads: int = 1
+    transposed: bool = False
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Schedule:
         """The schedule dataclasses.asdict wrote (fields this eclat does not know are ignored)."""
-        known = {"tile", "unroll", "threads"}
+        known = {"tile", "unroll", "threads", "transposed"}
         return Schedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
 
 
@@ -496,6 +498,23 @@ def as_contraction(kernel: Kernel) -> Contraction | None:
             m_axis = k
             break
     return Contraction(r, a, b, m_axis, n_axis)
+
+
+def transposed(c: Contraction) -> Contraction | None:
+    """c with its rows and columns swapped (out[m, n] = sum_k b a), so that a register block's
+    vectors run along the rows: a product with few columns and many rows (a convolution over a few
+    pixels) fills its vectors that way. None for a product without rows."""
+    if c.m_axis is None:
+        return None
+    return Contraction(c.reduce, c.b, c.a, c.n_axis, c.m_axis)
+
+
+def oriented(kernel: Kernel) -> Contraction | None:
+    """The contraction as kernel's schedule runs it (`Schedule.transposed`)."""
+    c = as_contraction(kernel)
+    if c is not None and getattr(kernel.schedule, "transposed", False):
+        return transposed(c) or c
+    return c
 
 
 @dataclass(frozen=True)

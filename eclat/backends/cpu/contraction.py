@@ -22,10 +22,10 @@ from ...compiler.kernel import (
     KExpr,
     Load,
     Op,
-    as_contraction,
     axis_vars,
     free_vars,
     loads,
+    oriented,
     walk,
 )
 from ...compiler.quantize import FORMATS, storage
@@ -36,13 +36,13 @@ from ..derived import derived
 from . import host
 from .emitter import KernelEmitter
 from .scalar import F32, I8, I16, I32, I64, PTR, i64, intrinsic, splat, store_through, vector_ptr
+from .schedules import ACCUMULATOR_CHAINS
 
 PACKED = "pack:"  # name prefix of weights packed at compile time
 SCALES = "s"  # name suffix of a packed weight's scales (quantize.storage)
 RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
 PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
 CACHE_LINE = 64  # bytes a prefetch brings in
-ACCUMULATOR_CHAINS = 8  # fmas in flight that hide an fma's latency (2 ports x 4 cycles)
 TAIL_ROWS = 4  # the height of the row blocks after the last whole one, over a run-time number of rows
 
 
@@ -82,7 +82,7 @@ def contraction_of(kernel: Kernel, buffers: dict[str, Buffer]) -> Contraction | 
     right operand neither is packed (a weight) nor steps by one along the columns: the micro-kernel
     would gather it element by element, where the plain loops run the reduction as a vectorised
     dot product (the scores of decode attention: a query against the cache's rows)."""
-    c = as_contraction(kernel) if kernel.body.dtype is DType.float32 else None
+    c = oriented(kernel) if kernel.body.dtype is DType.float32 else None
     if c is None or c.m_axis is not None and upper(kernel.shape[c.m_axis]) > 1:
         return c
     b, n_var = c.b, f"i{c.n_axis}"
@@ -530,20 +530,25 @@ class ContractionEmitter(KernelEmitter):
         where = ravel(axis_vars(k.shape), k.shape)
 
         def elements(rows: ir.Value, cols: ir.Value, hint: bool) -> None:
-            def row(r: ir.Value, _a: list) -> list:
+            """The tile's elements in the output's order: its stores are contiguous (the columns
+            inside, or with the tile transposed, the rows)."""
+            def at(r: ir.Value, cc: ir.Value) -> None:
                 if c.m_axis is not None:
                     self.scope.bind(f"i{c.m_axis}", bb.add(m0, r))
+                self.scope.bind(f"i{c.n_axis}", bb.add(n0, cc))
+                acc = bb.load(bb.gep(tile, [bb.add(bb.mul(r, i64(nr)), cc)], source_etype=F32), typ=F32)
+                self.scope.remember(c.reduce, acc)
+                self.store(k.out, where, self.emit(k.body), k.body.dtype)
 
-                def col(cc: ir.Value, _b: list) -> list:
-                    self.scope.bind(f"i{c.n_axis}", bb.add(n0, cc))
-                    at = bb.add(bb.mul(r, i64(nr)), cc)
-                    acc = bb.load(bb.gep(tile, [at], source_etype=F32), typ=F32)
-                    self.scope.remember(c.reduce, acc)
-                    self.store(k.out, where, self.emit(k.body), k.body.dtype)
+            rows_inside = c.m_axis is not None and c.m_axis > c.n_axis
+
+            def outer_step(o: ir.Value, _a: list) -> list:
+                def inner_step(i: ir.Value, _b: list) -> list:
+                    at(*((i, o) if rows_inside else (o, i)))
                     return []
-                self.loop(i64(0), cols, [], col, hint=hint)
+                self.loop(i64(0), rows if rows_inside else cols, [], inner_step, hint=hint)
                 return []
-            self.loop(i64(0), rows, [], row)
+            self.loop(i64(0), cols if rows_inside else rows, [], outer_step)
 
         with bb.if_else(whole) as (then, otherwise):
             with then:

@@ -86,6 +86,7 @@ VECTORIZER_MIN_TRIP = 16  # LLVM's loop vectoriser leaves loops shorter than thi
 # rows this long are forced too where a vector is wider (AVX-512: an 8-wide row of an im2col copy
 # runs in half vectors, not one float at a time)
 HALF_VECTOR = 8
+MAX_PIECES = 64  # most ranges a loop is split into where masks change along it (a concatenation's parts)
 UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
 # and longer ones whose unrolled code stays this small (a depthwise convolution's 7x7 taps): the
 # loop around them then vectorises; larger straight-line bodies cost LLVM seconds to optimise
@@ -225,26 +226,72 @@ class KernelEmitter:
             self.store(k.out, Num(0), self.emit(k.body), k.body.dtype)
             return 1
 
-        pad = self._pad_split() if len(shape) - 1 > lead else None
-        inside = self._interior() if pad is None and not k.sides and len(shape) - 1 > lead else None
-
-        def level(d: int, i: ir.Value, _accs: list) -> list:
-            self.scope.bind(vars_[d].name, i)
-            self.hoist(cands)
-            if d + 2 == len(shape) and pad is not None:
-                self._padded_row(vars_, *pad)
-            elif d + 2 == len(shape) and inside is not None:
-                self._split_row(vars_, *inside)
-            elif d + 2 == len(shape) and k.sides:
-                self._row_with_sides(vars_, cands)
-            elif d + 1 < len(shape):
-                self.loop(i64(0), self.sym(shape[d + 1]), [], lambda i2, a: level(d + 1, i2, a))
-            else:
-                self.store(k.out, ravel(vars_, shape), self.emit(k.body), k.body.dtype)
-            return []
-
-        self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(lead, i, a))
+        self._axis(k.body, lead, self.fn.args[1], self.fn.args[2])
         return shape[lead]
+
+    def _axis(self, body: KExpr, d: int, start: ir.Value, stop: ir.Value) -> None:
+        """The loop over axis d from start to stop, and the loops inside it, storing body. Where
+        masks that depend on axis d alone change along it (the parts of a concatenation), it
+        runs in pieces, each with its masks folded away: a mask per element is a branch per
+        load, and keeps the inner loops from vectorising."""
+        k, vars_ = self.k, axis_vars(self.k.shape)
+        shape = k.shape
+        for lo, hi, piece in self._pieces(body, d):
+            cands = reduces(piece)
+            pad = self._pad_split(piece) if d + 1 < len(shape) else None
+            inside = self._interior(piece) if pad is None and not k.sides and d + 1 < len(shape) else None
+
+            def level(dd: int, i: ir.Value, _accs: list, piece=piece, cands=cands, pad=pad, inside=inside
+                      ) -> list:
+                self.scope.bind(vars_[dd].name, i)
+                self.hoist(cands)
+                if dd + 2 == len(shape) and pad is not None:
+                    self._padded_row(vars_, *pad)
+                elif dd + 2 == len(shape) and inside is not None:
+                    self._split_row(vars_, piece, *inside)
+                elif dd + 2 == len(shape) and k.sides:
+                    self._row_with_sides(vars_, cands)
+                elif dd + 2 < len(shape) and not k.sides and len(self._pieces(piece, dd + 1)) > 1:
+                    self._axis(piece, dd + 1, i64(0), self.sym(shape[dd + 1]))
+                elif dd + 1 < len(shape):
+                    self.loop(i64(0), self.sym(shape[dd + 1]), [], lambda i2, a: level(dd + 1, i2, a))
+                else:
+                    self.store(k.out, ravel(vars_, shape), self.emit(piece), piece.dtype)
+                return []
+
+            first, last = start, stop
+            if lo > 0:
+                first = self.b.select(self.b.icmp_signed("<", start, i64(lo)), i64(lo), start)
+            if hi + 1 < upper(shape[d]):
+                last = self.b.select(self.b.icmp_signed(">", stop, i64(hi + 1)), i64(hi + 1), stop)
+            self.loop(first, last, [], lambda i, a, lv=level: lv(d, i, a))
+
+    def _pieces(self, body: KExpr, d: int) -> list[tuple[int, int, KExpr]]:
+        """(lo, hi, body with axis d known to lie in lo..hi) for the ranges of axis d over which every
+        mask that depends on it alone is constant; one piece where there is no such mask (or the
+        ranges would be too many: code grows with them)."""
+        var, n = f"i{d}", self.k.shape[d]
+        whole = [(0, upper(n) - 1, body)]
+        if not isinstance(n, int) or self.k.sides:
+            return whole
+        cuts = {0, n}
+        for atom in {a for e in _masks(body) for a in conjuncts(e)}:
+            if variables(atom) != {var}:
+                continue
+            span = _holds_for(atom, var, 0, n - 1)
+            if span is None:
+                return whole
+            cuts |= {c for c in (span[0], span[1] + 1) if 0 < c < n}
+        if len(cuts) == 2 or len(cuts) > MAX_PIECES + 1:
+            return whole
+        out = []
+        for lo, stop in zip(sorted(cuts), sorted(cuts)[1:]):
+            nv = Var(var, lo, stop - 1)
+            piece = rewrite(body, index=lambda x, nv=nv: map_vars(x, lambda v: nv if v.name == var else v))
+            if any(variables(a) == {var} for e in _masks(piece) for a in conjuncts(e)):
+                return whole  # a mask the ranges did not fold
+            out.append((lo, stop - 1, piece))
+        return out
 
     def _row_with_sides(self, vars_: list[Var], cands: list[Reduce]) -> None:
         """The last axis: each value stored, and each side sum accumulated from it."""
@@ -266,13 +313,13 @@ class KernelEmitter:
         for sd, value in zip(k.sides, sums):
             self.store(sd.out, row, value, DType.float32)
 
-    def _pad_split(self) -> tuple[Expr, int, int, KExpr] | None:
+    def _pad_split(self, body: KExpr) -> tuple[Expr, int, int, KExpr] | None:
         """For a padding kernel, where(mask, x, 0) or a load valid under mask at the top, with the
         innermost axis bounded by the mask: (the mask's other terms, the interior lo..hi, x
         simplified under the mask).
         Rows are then written as zeros | x unmasked | zeros, which vectorise; a per-element
         mask and clamped reads do not."""
-        body, last = self.k.body, f"i{len(self.k.shape) - 1}"
+        last = f"i{len(self.k.shape) - 1}"
         if not isinstance(self.k.shape[-1], int):
             return None
         if isinstance(body, Op) and body.op == "where" and isinstance(body.srcs[0], Index) \
@@ -293,7 +340,7 @@ class KernelEmitter:
                 outer = logical_and(outer, t)
         return outer, lo, hi, assume_in(x, cond)
 
-    def _interior(self) -> tuple[int, int, KExpr] | None:
+    def _interior(self, body: KExpr) -> tuple[int, int, KExpr] | None:
         """For a kernel whose masks bound its innermost axis (a pooling window or a convolution's
         taps reading through padding): the interior lo..hi where every such mask holds whatever the
         reduction variables are, and the body there, its masks folded away. Rows then run masked
@@ -301,7 +348,7 @@ class KernelEmitter:
         k, last = self.k, f"i{len(self.k.shape) - 1}"
         if not isinstance(k.shape[-1], int):
             return None
-        atoms = [a for e in _masks(k.body) for a in conjuncts(e) if last in variables(a)]
+        atoms = [a for e in _masks(body) for a in conjuncts(e) if last in variables(a)]
         if not atoms:
             return None
         lo, hi = 0, k.shape[-1] - 1
@@ -313,12 +360,12 @@ class KernelEmitter:
         if hi - lo + 1 < self.lanes:
             return None
         narrowed = Var(last, lo, hi)
-        body = rewrite(k.body, index=lambda x: map_vars(x, lambda v: narrowed if v.name == last else v))
-        if any(last in variables(e) for e in _masks(body)):
+        inner = rewrite(body, index=lambda x: map_vars(x, lambda v: narrowed if v.name == last else v))
+        if any(last in variables(e) for e in _masks(inner)):
             return None  # a mask the ranges did not fold
-        return lo, hi, body
+        return lo, hi, inner
 
-    def _split_row(self, vars_: list[Var], lo: int, hi: int, inner: KExpr) -> None:
+    def _split_row(self, vars_: list[Var], body: KExpr, lo: int, hi: int, inner: KExpr) -> None:
         """The last axis as masked edges around an unmasked interior (`_interior`)."""
         k = self.k
         where = ravel(vars_, k.shape)
@@ -333,9 +380,9 @@ class KernelEmitter:
                 return []
             if start < stop:
                 self.loop(i64(start), i64(stop), [], element)
-        run(0, lo, k.body)
+        run(0, lo, body)
         run(lo, hi + 1, inner)
-        run(hi + 1, k.shape[-1], k.body)
+        run(hi + 1, k.shape[-1], body)
 
     def _padded_row(self, vars_: list[Var], outer: Expr, lo: int, hi: int, x: KExpr) -> None:
         k, b = self.k, self.b

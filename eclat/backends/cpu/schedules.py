@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...compiler.kernel import Kernel, Schedule, as_contraction
+from ...compiler.kernel import Kernel, Schedule, as_contraction, transposed
 from ...ir.symbolic import upper
 from . import host
 
@@ -23,6 +23,8 @@ GEMV_VECTOR_TILES = [(1, 2), (1, 4), (1, 8)]  # rows fewer than 4: one row, wide
 MATVEC_VECTORS = 4  # the default's width when there are fewer than 4 rows (each row its own)
 MATVEC_ROWS = 4  # fewer output rows than this: a matrix-vector product
 OPERAND_REGISTERS = 2  # the broadcast left value and one right-operand vector
+ACCUMULATOR_CHAINS = 8  # independent fmas in flight that hide an fma's latency (2 ports x 4 cycles)
+TRANSPOSE_GAIN = 1.25  # how much more of its tiles a transposed product must fill to be the default
 
 
 def fits(tile: tuple[int, int], lanes: int, registers: int) -> bool:
@@ -50,39 +52,63 @@ def gemv_tiles(lanes: int | None = None, registers: int | None = None) -> list[t
     return [t for t in ((mr, v * lanes) for mr, v in GEMV_VECTOR_TILES) if fits(t, lanes, registers)]
 
 
-def _rows(kernel: Kernel) -> int | None:
-    """The output rows of a contraction kernel (a run-time number of rows at its bound), None for
-    another kernel."""
+def _sizes(kernel: Kernel, flip: bool = False) -> tuple[int, int] | None:
+    """A contraction kernel's (rows, columns), run-time sizes at their bounds, as the micro-kernel
+    sees them (flip: transposed); None for another kernel, or a flip of one without rows."""
     c = as_contraction(kernel)
+    if c is not None and flip:
+        c = None if kernel.sides else transposed(c)
     if c is None:
         return None
-    return upper(kernel.shape[c.m_axis]) if c.m_axis is not None else 1
+    return (upper(kernel.shape[c.m_axis]) if c.m_axis is not None else 1), upper(kernel.shape[c.n_axis])
+
+
+def _tile_for(rows: int, lanes: int, registers: int) -> tuple[int, int]:
+    if rows < MATVEC_ROWS:  # matrix-vector: wide columns, each row its own accumulators
+        return max(rows, 1), MATVEC_VECTORS * lanes
+    return gemm_tiles(lanes, registers)[0]
+
+
+def filled(rows: int, cols: int, tile: tuple[int, int], lanes: int) -> float:
+    """The part of a register block's fmas that do useful work: rows and columns past the last
+    whole block are computed and dropped, and fewer accumulators than ACCUMULATOR_CHAINS leave
+    the fma's latency showing (one row interleaves sets of its own: `ContractionEmitter`)."""
+    mr, nr = min(tile[0], rows), tile[1]
+    useful = rows * cols / (-(-rows // mr) * mr * -(-cols // nr) * nr)
+    return useful * (1.0 if mr == 1 else min(1.0, mr * (nr // lanes) / ACCUMULATOR_CHAINS))
 
 
 def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
                      registers: int | None = None) -> Schedule:
-    """The schedule that needs no tuning. lanes and registers: the vector unit's float32 lanes and
-    vector registers (None: the host's)."""
+    """The schedule that needs no tuning: the tile for the contraction's rows, transposed where
+    that fills clearly more of the tiles (TRANSPOSE_GAIN). lanes and registers: the vector unit's
+    float32 lanes and vector registers (None: the host's)."""
     lanes, registers = _defaults(lanes, registers)
-    m = _rows(kernel)
-    if m is None:
+    plain, flip = _sizes(kernel), _sizes(kernel, flip=True)
+    if plain is None:
         return Schedule(threads=threads)
-    if m < MATVEC_ROWS:  # matrix-vector: wide columns, each row its own accumulators
-        return Schedule(tile=(max(m, 1), MATVEC_VECTORS * lanes), threads=threads)
-    return Schedule(tile=gemm_tiles(lanes, registers)[0], threads=threads)
+    best = Schedule(tile=_tile_for(plain[0], lanes, registers), threads=threads)
+    if flip is not None:
+        turned = Schedule(tile=_tile_for(flip[0], lanes, registers), threads=threads, transposed=True)
+        if filled(*flip, turned.tile, lanes) > TRANSPOSE_GAIN * filled(*plain, best.tile, lanes):
+            return turned
+    return best
 
 
 def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
                    registers: int | None = None) -> list[Schedule]:
-    """The schedules worth timing for kernel, the default first, each once."""
+    """The schedules worth timing for kernel, the default first, each once: a contraction's tiles
+    in both orientations."""
     lanes, registers = _defaults(lanes, registers)
     base = default_schedule(kernel, threads, lanes, registers)
-    m = _rows(kernel)
     out = [base]
-    if m is not None:
-        tiles = gemv_tiles(lanes, registers) if m < MATVEC_ROWS else gemm_tiles(lanes, registers)
-        out += [replace(base, tile=t) for t in tiles]
-    else:
+    for flip in (False, True):
+        sizes = _sizes(kernel, flip)
+        if sizes is not None:
+            tiles = gemv_tiles(lanes, registers) if sizes[0] < MATVEC_ROWS else gemm_tiles(lanes, registers)
+            first = _tile_for(sizes[0], lanes, registers)
+            out += [replace(base, tile=t, transposed=flip) for t in [first, *tiles]]
+    if _sizes(kernel) is None:
         out += [replace(base, unroll=u) for u in (2, 8)]
     if threads > 1:
         out += [replace(s, threads=1) for s in list(out)]
@@ -93,4 +119,4 @@ def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     return seen
 
 
-__all__ = ["default_schedule", "fits", "gemm_tiles", "gemv_tiles", "schedule_space"]
+__all__ = ["default_schedule", "filled", "fits", "gemm_tiles", "gemv_tiles", "schedule_space"]
