@@ -658,3 +658,29 @@ def test_a_product_with_few_columns_runs_transposed(weight):
         kern.schedule = s
         got = CpuExecutable(program).run(inputs)[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("width", [5, 7, 14])
+def test_rows_shorter_than_the_vectoriser_likes_run_as_masked_vectors(width):
+    """exp2 over [6, 7, width] read through a slice of wider rows (a depthwise convolution's output
+    without its padding columns): the rows neither merge into one flat axis nor fill a whole
+    number of vectors, so each runs as vectors with the lanes past its end masked off
+    (`loop_hint`), and matches the interpreter, infinities and NaN included."""
+    import llvmlite.ir as ir
+
+    from eclat.backends.cpu import host
+    from eclat.backends.cpu.codegen import emitter
+    from eclat.backends.cpu.jit import kernel_code
+
+    x = G.input_("x", (6, 7, width + 4))
+    out = G.unary("exp2", G.movement(x, lambda v: v.slice(2, 0, width)))
+    graph = G.Graph([x], [out], {})
+    xs = rand(6, 7, width + 4)
+    xs[0, 0, 0], xs[1, 2, 3], xs[2, 3, 4] = np.inf, -np.inf, np.nan
+    program, (got,) = compiled(graph, [xs])
+    np.testing.assert_allclose(got, run(graph, [xs])[0], rtol=1e-6, equal_nan=True)
+    (kern,) = program.kernels
+    kern.schedule = default_schedule(kern)
+    mod = ir.Module(name="k")
+    emitter(mod, kern, program.buffers, {}, host.vector_lanes()).function("k")
+    assert "llvm.masked.load" in kernel_code(mod)[1]

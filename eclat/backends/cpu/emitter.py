@@ -86,6 +86,7 @@ VECTORIZER_MIN_TRIP = 16  # LLVM's loop vectoriser leaves loops shorter than thi
 # rows this long are forced too where a vector is wider (AVX-512: an 8-wide row of an im2col copy
 # runs in half vectors, not one float at a time)
 HALF_VECTOR = 8
+SHORT_ROW = 4  # short rows at least this long that fill no whole vectors run with masked lanes
 MAX_PIECES = 64  # most ranges a loop is split into where masks change along it (a concatenation's parts)
 UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
 # and longer ones whose unrolled code stays this small (a depthwise convolution's 7x7 taps): the
@@ -730,15 +731,23 @@ def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None) 
     threshold that still hold a whole vector (of `lanes` lanes, or HALF_VECTOR of a wider one): a
     pooled 8-wide row would run all scalar."""
     count = unroll if unroll > 1 else INTERLEAVE
-    force = trip is not None and min(lanes, HALF_VECTOR) <= trip < VECTORIZER_MIN_TRIP
+    whole = min(lanes, HALF_VECTOR)
+    masked = trip is not None and SHORT_ROW <= trip < VECTORIZER_MIN_TRIP and trip % whole != 0
+    force = trip is not None and whole <= trip < VECTORIZER_MIN_TRIP and not masked
     if trip is not None:
         count = max(1, min(count, trip // lanes))
-    key = f"{LOOP_HINT}.{count}.{force}"
+    key = f"{LOOP_HINT}.{count}.{force}.{masked}"
     if key not in mod.namedmetadata:
         opts = [mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.interleave.count"),
                                   ir.Constant(I32, count)])]
-        if force:
+        if force or masked:
             opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"),
+                                          ir.Constant(I1, 1)]))
+        if masked:  # vectors of the next power of two (at most lanes), lanes past the row masked off
+            width = min(lanes, 1 << (trip - 1).bit_length())
+            opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.width"),
+                                          ir.Constant(I32, width)]))
+            opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.predicate.enable"),
                                           ir.Constant(I1, 1)]))
         mod.add_named_metadata(key, mod.add_metadata([ir.MetaDataString(mod, LOOP_HINT), *opts]))
     return mod.get_named_metadata(key).operands[0]
