@@ -129,3 +129,30 @@ def test_threads_give_the_same_answer():
     fast = eclat.compile(model, inputs, autotune="none", k=1, threads=2, quiet=True)
     with torch.no_grad():
         torch.testing.assert_close(fast(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("side", [11, 12])
+def test_windows_strided_along_rows_match_torch_with_special_values(side):
+    """Max and average pools and a depthwise convolution strided along rows, compiled, match torch
+    on odd and even sizes, in ceil mode, with NaN and infinities in the input (a window that only
+    reads padding, a tap past a window's end: nothing may read them as a value)."""
+    torch.manual_seed(0)
+
+    class Strided(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw = torch.nn.Conv2d(4, 4, 5, 2, 2, groups=4)
+
+        def forward(self, x):
+            f = torch.nn.functional
+            return (f.max_pool2d(x, 3, 2, 1), f.max_pool2d(x, 2, 2, ceil_mode=True),
+                    f.avg_pool2d(x, 3, 2, 1, ceil_mode=True), self.dw(x))
+
+    model = Strided().eval()
+    x = torch.randn(1, 4, side, side)
+    x[0, 0, 3, 4], x[0, 1, 0, 0], x[0, 2, 5, 5], x[0, 3, side - 1, side - 1] = float("nan"), float("inf"), \
+        -float("inf"), float("nan")
+    fast = eclat.compile(model, (x,), autotune="none", k=1, quiet=True)
+    with torch.no_grad():
+        for got, want in zip(fast(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)

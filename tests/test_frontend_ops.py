@@ -269,6 +269,11 @@ CASES: list[Case] = [
       _name="depthwise-flat-dilation-batch"),  # laid on the padded rows' full width
     C(CONV, rn(1, 3, 9, 8), rn(3, 1, 3, 3), None, [2, 1], [1, 1], [1, 1], False, [0, 0], 3,
       _name="depthwise-strided"),
+    # strided along rows, odd sizes, more stride than taps
+    C(CONV, rn(1, 3, 11, 13), rn(3, 1, 5, 5), rn(3), [2, 2], [2, 2], [1, 1], False, [0, 0], 3,
+      _name="depthwise-stride2-5x5-odd"),
+    C(CONV, rn(2, 2, 9, 10), rn(2, 1, 3, 2), None, [1, 3], [1, 0], [1, 1], False, [0, 0], 2,
+      _name="depthwise-stride3-fewer-taps"),
     C(CONV, rn(1, 3, 8), rn(3, 1, 3), rn(3), [1], [1], [1], False, [0], 3, _name="depthwise-1d"),
     C(CONV, rn(1, 2, 4, 5, 4), rn(2, 1, 3, 3, 3), None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False,
       [0, 0, 0], 2, _name="depthwise-3d"),
@@ -287,6 +292,8 @@ CASES: list[Case] = [
       _name="negative-pad-ceil"),
     C(aten.max_pool2d_with_indices.default, rn(1, 2, 9, 9), [3, 3], [1, 1], [0, 0], [2, 2], False,
       _name="dilation"),
+    C(aten.max_pool2d_with_indices.default, rn(1, 3, 11, 12), [3, 3], [2, 2], [1, 1], _name="stride2-pad"),
+    C(aten.max_pool2d_with_indices.default, rn(1, 2, 7, 9), [1, 1], [2, 3], _name="one-tap-stride3"),
     C(aten.max_pool3d_with_indices.default, rn(1, 2, 4, 4, 4), [2, 2, 2]),
     C(aten.avg_pool2d.default, rn(2, 3, 8, 8), [2, 2]),
     C(aten.avg_pool2d.default, rn(1, 2, 9, 7), [3, 3], [2, 2], [1, 1], True, True, _name="ceil-include-pad"),

@@ -645,8 +645,8 @@ def test_a_product_with_few_columns_runs_transposed(weight):
     w = rand(64, 96)
     left = G.weight("w", w, DType.float32) if weight else G.input_("w", (64, 96))
     p = G.input_("p", (96, 4))
-    graph = G.Graph([p] if weight else [left, p], [G.binary("max", matmul(left, p), G.expand_to(G.const(0.0), (64, 4)))],
-                    {"w": w} if weight else {})
+    relu = G.binary("max", matmul(left, p), G.expand_to(G.const(0.0), (64, 4)))
+    graph = G.Graph([p] if weight else [left, p], [relu], {"w": w} if weight else {})
     inputs = [rand(96, 4)] if weight else [w, rand(96, 4)]
     want = run(graph, inputs)[0]
     program = group(graph)

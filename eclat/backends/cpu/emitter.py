@@ -157,6 +157,14 @@ class KernelEmitter:
         except KeyError:
             raise KeyError(f"index variable {name} is not bound in kernel {self.k.name}") from None
 
+    def _strided_rows(self) -> bool:
+        """Whether the kernel reads along its innermost axis with a stride other than one."""
+        if not hasattr(self, "_strided"):
+            last = f"i{len(self.k.shape) - 1}"
+            self._strided = any(c not in (0, 1) for x in loads(self.k.body) if isinstance(x, Load)
+                                for c, a in terms(x.index) if isinstance(a, Var) and a.name == last)
+        return self._strided
+
     # --- loops ------------------------------------------------------------------------------
     def loop(self, start: ir.Value, stop: ir.Value, inits: Sequence[ir.Value],
              body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]],
@@ -188,7 +196,7 @@ class KernelEmitter:
             trip = stop.constant - start.constant if isinstance(start, ir.Constant) and \
                 isinstance(stop, ir.Constant) else None
             count = unroll or self.k.schedule.unroll
-            br.set_metadata("llvm.loop", loop_hint(self.mod, count, self.lanes, trip))
+            br.set_metadata("llvm.loop", loop_hint(self.mod, count, self.lanes, trip, self._strided_rows()))
         self._nested = True
         i.add_incoming(nxt, latch)
         for p, v in zip(phis, new):
@@ -725,14 +733,17 @@ def _below_own_max(e: KExpr, axes: list[Var]) -> bool:
 
 # --- loop hints --------------------------------------------------------------------------------
 
-def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None) -> ir.Value:
+def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None, strided: bool = False
+              ) -> ir.Value:
     """Loop metadata asking the vectoriser to interleave several vectors (hides fma latency),
     but no more than a known trip count fills, and to vectorise rows shorter than its own
     threshold that still hold a whole vector (of `lanes` lanes, or HALF_VECTOR of a wider one): a
-    pooled 8-wide row would run all scalar."""
+    pooled 8-wide row would run all scalar. Rows that fill no whole vector run masked, unless
+    they read with a stride (strided: masked interleaved loads cost more than a scalar tail)."""
     count = unroll if unroll > 1 else INTERLEAVE
     whole = min(lanes, HALF_VECTOR)
-    masked = trip is not None and SHORT_ROW <= trip < VECTORIZER_MIN_TRIP and trip % whole != 0
+    short = trip is not None and SHORT_ROW <= trip < VECTORIZER_MIN_TRIP
+    masked = short and trip % whole != 0 and not strided
     force = trip is not None and whole <= trip < VECTORIZER_MIN_TRIP and not masked
     if trip is not None:
         count = max(1, min(count, trip // lanes))
