@@ -98,16 +98,17 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
 def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
                    registers: int | None = None) -> list[Schedule]:
     """The schedules worth timing for kernel, the default first, each once: a contraction's tiles
-    in both orientations."""
+    in both orientations, each orientation's own default next (a "fast" search times the first few)."""
     lanes, registers = _defaults(lanes, registers)
     base = default_schedule(kernel, threads, lanes, registers)
-    out = [base]
+    out, rest = [base], []
     for flip in (False, True):
         sizes = _sizes(kernel, flip)
         if sizes is not None:
             tiles = gemv_tiles(lanes, registers) if sizes[0] < MATVEC_ROWS else gemm_tiles(lanes, registers)
-            first = _tile_for(sizes[0], lanes, registers)
-            out += [replace(base, tile=t, transposed=flip) for t in [first, *tiles]]
+            out.append(replace(base, tile=_tile_for(sizes[0], lanes, registers), transposed=flip))
+            rest += [replace(base, tile=t, transposed=flip) for t in tiles]
+    out += rest
     if _sizes(kernel) is None:
         out += [replace(base, unroll=u) for u in (2, 8)]
     if threads > 1:
