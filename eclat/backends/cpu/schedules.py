@@ -6,7 +6,10 @@ the reduction holds one broadcast left operand and at least one right-operand ve
 (the rest are read as memory operands of the fmas). The tiles below are written in vectors for a
 16-register file (AVX2, SSE); a 32-register file (AVX-512, NEON) holds twice the rows. On an
 8-lane AVX2 host that is GEMM tiles (6,16) (4,16) (8,8) (4,24) (3,32) (2,32) (6,8) (12,8),
-matrix-vector tiles (1,16) (1,32) (1,64), default (6,16), and (m,32) for fewer than 4 rows.
+matrix-vector tiles (1,16) (1,32) (1,64), default (6,16), and (m,32) for fewer than 4 rows. A
+32-register file's default is the second tile doubled, (8,32) with 16 lanes: measured on znver4
+in one process against (12,32), equal or up to 12% faster on seven GEMM shapes (convolutions'
+and linear layers', 49 to 3136 columns, 256 to 4608 deep).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def gemm_tiles(lanes: int | None = None, registers: int | None = None) -> list[t
     lanes, registers = _defaults(lanes, registers)
     rows = max(1, registers // 16)
     tiles = [(mr * rows, v * lanes) for mr, v in GEMM_VECTOR_TILES]
+    if rows > 1:  # the wide register file's default: see the module docstring
+        tiles.insert(0, tiles.pop(1))
     return [t for t in tiles if fits(t, lanes, registers)]
 
 
