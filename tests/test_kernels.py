@@ -684,3 +684,23 @@ def test_rows_shorter_than_the_vectoriser_likes_run_as_masked_vectors(width):
     mod = ir.Module(name="k")
     emitter(mod, kern, program.buffers, {}, host.vector_lanes()).function("k")
     assert "llvm.masked.load" in kernel_code(mod)[1]
+
+
+def test_a_kernel_function_is_emitted_once_per_process(monkeypatch):
+    """Another program with the same kernels (a compile's next candidate, a tuner's trial) reuses
+    their emitted functions (`codegen._function`) and compiled code, and runs the same."""
+    from eclat.backends.cpu.emitter import KernelEmitter
+
+    w = rand(8, 9)
+    x = G.input_("x", (5, 8))
+    y = matmul(x, G.weight("w", w, DType.float32))
+    graph = G.Graph([x], [G.unary("sqrt", G.binary("mul", y, y))], {"w": w})
+    xs = rand(5, 8)
+    first = compiled(graph, [xs])[1][0]
+    emitted = []
+    real = KernelEmitter.function
+    monkeypatch.setattr(KernelEmitter, "function", lambda em, name: emitted.append(name) or real(em, name))
+    program, (again,) = compiled(graph, [xs])
+    assert emitted == [] and len(program.kernels) >= 1
+    np.testing.assert_array_equal(again, first)
+    np.testing.assert_allclose(again, run(graph, [xs])[0], rtol=1e-5)

@@ -19,6 +19,8 @@ vector unit of `lanes` float32 lanes, the host's unless told (host.vector_lanes(
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +40,9 @@ from .scalar import I8, I32, I64, PTR, i64
 # threshold is split too, so that each core reads what it wrote (the neighbour's L2 is far)
 PARALLEL_MIN_FLOPS = 200_000
 PARALLEL_MIN_BYTES = 256 * 1024
+EMITTED_FUNCTIONS = 4096  # kernel functions kept emitted in this process, least recently used out
+_emitted: OrderedDict[str, tuple[sint, ir.Module]] = OrderedDict()  # function name -> (outer, module)
+_emitted_lock = threading.Lock()
 
 
 @dataclass
@@ -105,11 +110,8 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
         em = emitter(ir.Module(name=k.name), k, program.buffers, packed, lanes, program.sizes)
         key = em.key()
         if key not in functions:
-            # named by its code: equal kernels of any program are one function, compiled once (jit)
-            fn_name = f"eclat_{hashlib.sha256(f'{lanes}|{key}'.encode()).hexdigest()[:24]}"
-            functions[key] = (fn_name, em.function(fn_name))
-            em.mod.name = fn_name  # its text, and so its cached code, depends on nothing else
-            kernels[fn_name] = em.mod
+            fn_name, outer, kernels[fn_name] = _function(em, key, lanes)
+            functions[key] = (fn_name, outer)
             ir.Function(mod, KERNEL_TYPE, fn_name)  # declared here, defined in its own module
         fn_name, outer = functions[key]
         calls.append((fn_name, em.arg_names, outer))
@@ -121,6 +123,24 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
     _entry(mod, program, plan, slot_names, calls, set(parallel), threads)
     return Module(mod, kernels, {k.name: fn for k, (fn, _, _) in zip(program.kernels, calls)}, slot_names,
                   packed, parallel, used, lanes)
+
+
+def _function(em: KernelEmitter, key: str, lanes: int) -> tuple[str, sint, ir.Module]:
+    """(name, outer loop length, module) of em's kernel function. Named by its code: equal kernels
+    of any program are one function, emitted once per process (the candidates of a compile and the
+    schedules a tuner tries share most of them) and compiled once (jit)."""
+    fn_name = f"eclat_{hashlib.sha256(f'{lanes}|{key}'.encode()).hexdigest()[:24]}"
+    with _emitted_lock:
+        if fn_name in _emitted:
+            _emitted.move_to_end(fn_name)
+            return (fn_name, *_emitted[fn_name])
+    outer = em.function(fn_name)
+    em.mod.name = fn_name  # its text, and so its cached code, depends on nothing else
+    with _emitted_lock:
+        _emitted[fn_name] = (outer, em.mod)
+        while len(_emitted) > EMITTED_FUNCTIONS:
+            _emitted.popitem(last=False)
+    return fn_name, outer, em.mod
 
 
 def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[str],

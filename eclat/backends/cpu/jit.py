@@ -92,6 +92,7 @@ def _optimised(text: str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
     return mod
 
 
+CODE_KEY = "_eclat_code_key"  # the attribute a kernel module keeps its code's cache key in
 CODE_CACHE_BYTES = 256 << 20  # compiled kernel functions kept in this process, least recently used out
 _code: OrderedDict[str, tuple[bytes, str]] = OrderedDict()  # IR digest -> (object code, optimised IR)
 _code_bytes = 0  # what _code holds
@@ -103,14 +104,18 @@ def kernel_code(module: ir.Module) -> tuple[bytes, str]:
     process: the candidates of a compile, the layers of a model and the schedules a tuner tries
     share most kernels, and optimising them is most of a build's time."""
     tm = target_machine()
-    text = _prepared(module, tm)
-    key = hashlib.sha256(f"{llvm.llvm_version_info}|{tm.triple}|{llvm.get_host_cpu_name()}|"
-                         f"{llvm.get_host_cpu_features().flatten()}|{text}".encode()).hexdigest()
+    key = getattr(module, CODE_KEY, None)  # a module emitted once is asked for again (codegen._function)
+    text = None
+    if key is None:
+        text = _prepared(module, tm)
+        key = hashlib.sha256(f"{llvm.llvm_version_info}|{tm.triple}|{llvm.get_host_cpu_name()}|"
+                             f"{llvm.get_host_cpu_features().flatten()}|{text}".encode()).hexdigest()
+        setattr(module, CODE_KEY, key)
     with _code_lock:
         if key in _code:
             _code.move_to_end(key)
             return _code[key]
-    mod = _optimised(text, tm)
+    mod = _optimised(text or _prepared(module, tm), tm)
     code = (bytes(tm.emit_object(mod)), str(mod))
     global _code_bytes
     with _code_lock:
