@@ -112,6 +112,9 @@ class KernelEmitter:
         self.pack_format: str | None = None  # its low-precision format (compiler.quantize), None: float32
         self.used = set(self.arg_names)  # what the code dereferences: not a weight it reads packed
         self.size_slots: dict[Var, int] = {}  # run-time sizes it reads -> their place in SIZES
+        last = f"i{len(kernel.shape) - 1}"  # whether it reads along its innermost axis with a stride
+        self.strided_rows = any(c not in (0, 1) for x in loads(kernel.body) if isinstance(x, Load)
+                                for c, a in terms(x.index) if isinstance(a, Var) and a.name == last)
 
     def read_sizes(self, sizes: Sequence[Var]) -> None:
         """Take the program's run-time sizes that this kernel mentions from the SIZES argument."""
@@ -157,14 +160,6 @@ class KernelEmitter:
         except KeyError:
             raise KeyError(f"index variable {name} is not bound in kernel {self.k.name}") from None
 
-    def _strided_rows(self) -> bool:
-        """Whether the kernel reads along its innermost axis with a stride other than one."""
-        if not hasattr(self, "_strided"):
-            last = f"i{len(self.k.shape) - 1}"
-            self._strided = any(c not in (0, 1) for x in loads(self.k.body) if isinstance(x, Load)
-                                for c, a in terms(x.index) if isinstance(a, Var) and a.name == last)
-        return self._strided
-
     # --- loops ------------------------------------------------------------------------------
     def loop(self, start: ir.Value, stop: ir.Value, inits: Sequence[ir.Value],
              body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]],
@@ -196,7 +191,7 @@ class KernelEmitter:
             trip = stop.constant - start.constant if isinstance(start, ir.Constant) and \
                 isinstance(stop, ir.Constant) else None
             count = unroll or self.k.schedule.unroll
-            br.set_metadata("llvm.loop", loop_hint(self.mod, count, self.lanes, trip, self._strided_rows()))
+            br.set_metadata("llvm.loop", loop_hint(self.mod, count, self.lanes, trip, self.strided_rows))
         self._nested = True
         i.add_incoming(nxt, latch)
         for p, v in zip(phis, new):
