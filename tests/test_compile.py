@@ -156,3 +156,27 @@ def test_windows_strided_along_rows_match_torch_with_special_values(side):
     with torch.no_grad():
         for got, want in zip(fast(x), model(x)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_a_pool_padded_with_minus_infinity_reads_a_padded_copy():
+    """An Inception block's pool branch: a 3x3 max pool at stride 1 over a concatenation of branch
+    outputs, padded with -inf. The padded input is copied once (a kernel of the padded shape) and
+    the pool reads the copy; inlined, each of its nine taps loaded every branch under masks and
+    unravelled the concatenation's flat index (googlenet's pools: 44.8 ms of loops, 3.8 after)."""
+    torch.manual_seed(0)
+
+    class Inception(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(3, 8, 1), torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            joined = torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], 1)
+            return torch.nn.functional.max_pool2d(joined, 3, 1, 1, ceil_mode=True)
+
+    model, x = Inception().eval(), torch.randn(1, 3, 10, 10)
+    x[0, 1, 2, 3] = float("nan")
+    fast = eclat.compile(model, (x,), autotune="none", k=1, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert any(tuple(k.shape) == (12, 12, 12) for k in fast.executable.program.kernels)
