@@ -525,7 +525,7 @@ def _padded_contiguous(x: Node, pads: Sequence[tuple[int, int]], fill: float) ->
         if fill != 0:
             ones = g.expand_to(g.const(True, DType.bool), x.shape)
             inside = g.movement(ones, lambda v: v.pad(full))
-            return g.contiguous(P.where(inside, padded, P.lift(fill, x.dtype)))
+            padded = P.where(inside, padded, P.lift(fill, x.dtype))
         return g.contiguous(padded)
     return g.contiguous(x) if x.op == "view" else x
 
