@@ -198,7 +198,7 @@ def test_sixteen_lane_gemm_compiles_to_zmm_for_avx512():
 
 
 def test_kernel_functions_compile_once_per_process():
-    """A kernel's code is compiled once (jit.kernel_code): a second executable of the same model
+    """A kernel's code is compiled once (jit.kernel_codes): a second executable of the same model
     (lowered and grouped again) optimises nothing again, and runs the same."""
     from eclat.backends.cpu import jit
 
@@ -212,3 +212,54 @@ def test_kernel_functions_compile_once_per_process():
     assert len(jit._code) == compiled and set(second.module.kernels) == set(first.module.kernels)
     x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
     np.testing.assert_array_equal(first.run([x])[0], second.run([x])[0])
+
+
+def _kernel_texts(n: int) -> list[str]:
+    """n different one-function modules: a loop LLVM vectorises, each with its own constant."""
+    return [f"""define void @k{i}(ptr noalias %a, ptr noalias %b) {{
+entry:
+  br label %loop
+loop:
+  %j = phi i64 [0, %entry], [%next, %loop]
+  %pa = getelementptr float, ptr %a, i64 %j
+  %x = load float, ptr %pa
+  %y = fmul float %x, {float(i + 2)!r}
+  %pb = getelementptr float, ptr %b, i64 %j
+  store float %y, ptr %pb
+  %next = add i64 %j, 1
+  %done = icmp eq i64 %next, 1024
+  br i1 %done, label %exit, label %loop
+exit:
+  ret void
+}}""" for i in range(n)]
+
+
+def test_worker_processes_compile_what_this_process_would(monkeypatch):
+    """llvm_worker.compile_all hands modules to worker processes (llvmlite lets a process compile one
+    module at a time): each comes back as the same object code this process makes, a module that
+    does not verify raises its own error here, and a worker that died is replaced."""
+    from eclat.backends.cpu import jit, llvm_worker
+
+    monkeypatch.setenv(llvm_worker.WORKERS_ENV, "2")
+    tm = jit.target_machine()
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    texts = _kernel_texts(6)
+    local_calls = []
+
+    def local(text):
+        local_calls.append(text)
+        return llvm_worker.compiled(text, tm)
+    made = llvm_worker.compile_all(cpu, features, texts, local)
+    assert [obj for obj, _ in made] == [llvm_worker.compiled(t, tm)[0] for t in texts]
+    assert len(llvm_worker._workers) == 2 and len(local_calls) < len(texts)  # the workers took some
+    assert all("<16 x float>" in ir or "<8 x float>" in ir for _, ir in made)  # optimised: vectorised
+
+    broken = texts[:2] + ["define void @bad() {\nentry:\n  %x = add i32 %x, 1\n  ret void\n}"]
+    with pytest.raises(RuntimeError, match="Only PHI nodes may reference their own value"):
+        llvm_worker.compile_all(cpu, features, broken, local)
+
+    llvm_worker._workers[0].process.kill()
+    llvm_worker._workers[0].process.wait()
+    again = llvm_worker.compile_all(cpu, features, _kernel_texts(8)[6:] + texts, local)
+    assert [obj for obj, _ in again[2:]] == [obj for obj, _ in made]
+    assert len(llvm_worker._workers) == 2 and all(w.process.poll() is None for w in llvm_worker._workers)

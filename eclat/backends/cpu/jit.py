@@ -13,6 +13,7 @@ from typing import Any
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
+from .llvm_worker import compile_all, compiled, machine, optimised
 from .threads import pool_address, pool_unavailable
 
 # eclat_parallel without the pool: the whole range on the calling thread
@@ -58,10 +59,7 @@ def target_machine() -> llvm.TargetMachine:
 
 
 def _host_machine() -> llvm.TargetMachine:
-    target = llvm.Target.from_default_triple()
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                        features=llvm.get_host_cpu_features().flatten(),
-                                        opt=3, codemodel="jitdefault")
+    return machine(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
 
 
 def _loop_ids(text: str) -> str:
@@ -79,19 +77,6 @@ def _prepared(module: Any, tm: llvm.TargetMachine) -> str:
     return _loop_ids(str(module))
 
 
-def _optimised(text: str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
-    mod = llvm.parse_assembly(text)
-    mod.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pto.loop_interleaving = True  # several vectors in flight hide fma latency
-    pto.loop_unrolling = False  # full unrolling of small constant loops explodes compile time
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    return mod
-
-
 CODE_KEY = "_eclat_code_key"  # the attribute a kernel module keeps its code's cache key in
 CODE_CACHE_BYTES = 256 << 20  # compiled kernel functions kept in this process, least recently used out
 _code: OrderedDict[str, tuple[bytes, str]] = OrderedDict()  # IR digest -> (object code, optimised IR)
@@ -99,33 +84,48 @@ _code_bytes = 0  # what _code holds
 _code_lock = threading.Lock()
 
 
-def kernel_code(module: ir.Module) -> tuple[bytes, str]:
-    """The object code and optimised IR of a module holding one kernel function. Compiled once per
-    process: the candidates of a compile, the layers of a model and the schedules a tuner tries
-    share most kernels, and optimising them is most of a build's time."""
+def kernel_codes(modules: list[ir.Module]) -> list[tuple[bytes, str]]:
+    """The object code and optimised IR of modules each holding one kernel function. Compiled once
+    per process: the candidates of a compile, the layers of a model and the schedules a tuner tries
+    share most kernels, and optimising them is most of a build's time. What is new is compiled on
+    every core (llvm_worker)."""
     tm = target_machine()
-    key = getattr(module, CODE_KEY, None)  # a module emitted once is asked for again (codegen._function)
-    text = None
-    if key is None:
-        text = _prepared(module, tm)
-        key = hashlib.sha256(f"{llvm.llvm_version_info}|{tm.triple}|{llvm.get_host_cpu_name()}|"
-                             f"{llvm.get_host_cpu_features().flatten()}|{text}".encode()).hexdigest()
-        setattr(module, CODE_KEY, key)
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    keys, texts, by_key = [], {}, {}
+    for module in modules:
+        key = getattr(module, CODE_KEY, None)  # a module emitted once is asked for again (codegen._function)
+        if key is None:
+            text = _prepared(module, tm)
+            key = hashlib.sha256(f"{llvm.llvm_version_info}|{tm.triple}|{cpu}|{features}|{text}".encode()
+                                 ).hexdigest()
+            setattr(module, CODE_KEY, key)
+            texts[key] = text
+        keys.append(key)
+        by_key[key] = module
     with _code_lock:
-        if key in _code:
-            _code.move_to_end(key)
-            return _code[key]
-    mod = _optimised(text or _prepared(module, tm), tm)
-    code = (bytes(tm.emit_object(mod)), str(mod))
+        for key in keys:
+            if key in _code:
+                _code.move_to_end(key)
+        missing = [k for k in dict.fromkeys(keys) if k not in _code]
+    if missing:
+        sources = [texts.get(k) or _prepared(by_key[k], tm) for k in missing]
+        made = compile_all(cpu, features, sources, lambda text: compiled(text, tm))
+        _keep(dict(zip(missing, made)))
+    with _code_lock:
+        return [_code[k] for k in keys]
+
+
+def _keep(made: dict[str, tuple[bytes, str]]) -> None:
+    """Compiled code into the process's cache, the least recently used out past its size."""
     global _code_bytes
     with _code_lock:
-        if key not in _code:
-            _code[key] = code
-            _code_bytes += len(code[0]) + len(code[1])
-        while _code_bytes > CODE_CACHE_BYTES and len(_code) > 1:
+        for key, code in made.items():
+            if key not in _code:
+                _code[key] = code
+                _code_bytes += len(code[0]) + len(code[1])
+        while _code_bytes > CODE_CACHE_BYTES and len(_code) > len(made):
             o, t = _code.popitem(last=False)[1]
             _code_bytes -= len(o) + len(t)
-    return code
 
 
 def linked(module: Any) -> llvm.ModuleRef:
@@ -143,8 +143,8 @@ class Jitted:
 
     def __init__(self, module: Any, kernels: dict[str, ir.Module] | None = None):
         tm = target_machine()
-        self.kernel_code = [kernel_code(m) for m in (kernels or {}).values()]
-        self.llvm_module = _optimised(_prepared(module, tm), tm)
+        self.kernel_code = kernel_codes(list((kernels or {}).values()))
+        self.llvm_module = optimised(_prepared(module, tm), tm)
         self.engine = llvm.create_mcjit_compiler(self.llvm_module, tm)
         for obj, _ in self.kernel_code:
             self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
