@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import math
@@ -220,6 +221,23 @@ def test_repeated_layers_are_optimised_once():
     assert best.op_counts()["matmul"] == 3 * 4 and best.op_counts()["attention"] == 3
     laid = {n.arg.split(".")[0] for n in best.nodes() if n.op == "weight" and ".laid" in n.arg}
     assert laid == {"l0", "l1", "l2"}  # each layer's own weights, laid out for its matmuls
+
+
+def test_a_reused_egraph_gives_what_a_fresh_one_gives(monkeypatch):
+    """optimize saturates each block in the thread's one e-graph that declares the rules (schedule.
+    declared: pushed, then popped): what it extracts is what fresh e-graphs give, whatever was
+    optimised in it before, and it is left empty."""
+    from eclat.rewrites import schedule
+
+    first, second = llama(layers=1), llama(layers=2, d=32, heads=2, ffn=48)
+    reused = [optimize(first, "cpu", k=4, time_limit=60), optimize(second, "cpu", k=4, time_limit=60)]
+    (kept,) = schedule._declared.egraphs.values()
+    assert Saturation(kept, math.inf, 10**6).enodes() == 0
+    monkeypatch.setattr(rewrites, "declared", lambda rulesets: contextlib.nullcontext())
+    fresh = [optimize(first, "cpu", k=4, time_limit=60), optimize(second, "cpu", k=4, time_limit=60)]
+    for a, b in zip(reused, fresh):
+        assert [str(c) for c in a.candidates] == [str(c) for c in b.candidates]
+        assert a.stats["costs"] == b.stats["costs"] and a.stats["enodes"] == b.stats["enodes"]
 
 
 def test_blocks_match_only_equal_structure():

@@ -25,7 +25,7 @@ from . import blocks, merge, registry
 from .encode import Encoding, decode
 from .extract import CPU, Roofline, candidates, costs, dag_cost, differences, prefer, read_egraph
 from .registry import EXPLOSIVE, FUSION, STAGES, backend_rules
-from .schedule import Saturation
+from .schedule import Saturation, declared
 
 
 @dataclass
@@ -108,17 +108,19 @@ def _optimize_one(graph: Graph, target: str, k: int, time_limit: float, node_lim
     main = [*STAGES, *backend_rules(target)]
     merges = list(registry.MERGE)
     enc = Encoding.of(graph)
-    sat = Saturation.start([*main, *EXPLOSIVE, *merges, *FUSION], time_limit * 0.6, node_limit)
-    enc.insert(sat.egraph)
-    sat.run(main)
-    sat.run(list(EXPLOSIVE), max_chunks=2)
-    sat.run(main)
-    if merges:  # every group merges in one step (the next ones find it done); then recognise the merged
-        sat.run(merges, max_chunks=3)
+    rulesets = [*main, *EXPLOSIVE, *merges, *FUSION]
+    with declared(rulesets) as egraph:
+        sat = Saturation.start(rulesets, time_limit * 0.6, node_limit, egraph)
+        enc.insert(sat.egraph)
         sat.run(main)
-        sat.run(list(registry.AFTER_MERGE), max_chunks=2)
-    sat.run(list(FUSION), max_chunks=3)
-    data = read_egraph(sat.egraph, enc.attrs)
+        sat.run(list(EXPLOSIVE), max_chunks=2)
+        sat.run(main)
+        if merges:  # every group merges in one step (the next ones find it done); then recognise the merged
+            sat.run(merges, max_chunks=3)
+            sat.run(main)
+            sat.run(list(registry.AFTER_MERGE), max_chunks=2)
+        sat.run(list(FUSION), max_chunks=3)
+        data = read_egraph(sat.egraph, enc.attrs)
     cost = costs(data, enc.attrs, roof=roof)
     deadline = start + time_limit
     choices = candidates(data, cost, k, deadline=lambda: time.perf_counter() > deadline)

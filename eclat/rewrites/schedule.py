@@ -11,7 +11,10 @@ at it. `stopped` sums them up."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import egglog.bindings as eb
@@ -34,10 +37,13 @@ class Saturation:
     stages: list[dict] = field(default_factory=list)
 
     @staticmethod
-    def start(rulesets: list[RuleSet], time_limit: float, node_limit: int) -> Saturation:
-        egraph = eb.EGraph()
-        egraph.run_program(*egraph.parse_program(declarations() + "\n".join(r.egglog() for r in rulesets)
-                                                 + f"\n(set ({UNEXPLORED}) 1)"))
+    def start(rulesets: list[RuleSet], time_limit: float, node_limit: int,
+              egraph: eb.EGraph | None = None) -> Saturation:
+        """A saturation of a fresh e-graph declaring rulesets, or of egraph (one `declared` gave)."""
+        if egraph is None:
+            egraph = eb.EGraph()
+            egraph.run_program(*egraph.parse_program(_program(rulesets)))
+        egraph.run_program(*egraph.parse_program(f"(set ({UNEXPLORED}) 1)"))
         return Saturation(egraph, time.perf_counter() + time_limit, node_limit)
 
     @property
@@ -106,3 +112,27 @@ class Saturation:
         stage["seconds"] = round(time.perf_counter() - start, 3)
         self.stages.append(stage)
         return stage
+
+
+def _program(rulesets: list[RuleSet]) -> str:
+    return declarations() + "\n".join(r.egglog() for r in rulesets)
+
+
+_declared = threading.local()  # per thread: rule sets' program -> an e-graph declaring them, or None in use
+
+
+@contextmanager
+def declared(rulesets: list[RuleSet]) -> Iterator[eb.EGraph]:
+    """An e-graph declaring rulesets, kept by this thread and reused: pushed on entry and popped on
+    exit, so it holds nothing of the last use. Declaring and compiling the rules takes longer than
+    saturating a model's block, and a model has dozens of blocks."""
+    program = _program(rulesets)
+    kept = _declared.__dict__.setdefault("egraphs", {})
+    egraph = kept.pop(program, None)  # absent while in use: a nested use declares its own
+    if egraph is None:
+        egraph = eb.EGraph()
+        egraph.run_program(*egraph.parse_program(program))
+    egraph.run_program(*egraph.parse_program("(push)"))
+    yield egraph  # a use that raises leaves it half-changed: it is not kept
+    egraph.run_program(*egraph.parse_program("(pop)"))
+    kept[program] = egraph
