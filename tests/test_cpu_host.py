@@ -114,6 +114,34 @@ def test_tiles_are_whole_vectors_that_fit_the_registers(kernels, lanes, register
     assert default_schedule(kernels[1], lanes=lanes, registers=registers).tile == (1, 4 * lanes)
 
 
+def _default_of(model: nn.Module, x: torch.Tensor, known_weights: bool = True) -> Schedule:
+    """The default schedule, for 16 lanes and 32 registers, of the model's one product kernel."""
+    program = _program(model.eval(), (x,))
+    (kern,) = [k for k in program.kernels if contraction_of(k, program.buffers) is not None]
+    weights = program.weight_names if known_weights else ()
+    return default_schedule(kern, lanes=16, registers=32, weights=weights)
+
+
+def test_a_weight_read_on_the_left_is_packed_on_the_right_where_that_pays():
+    """A convolution reads its weight as the left operand (out[channel, pixel]). Transposed, the
+    weight is packed at compile time as the right one: the default where the reduction is deep and
+    the pixels few (WEIGHT_RIGHT_*); a linear layer's weight is on the right already. The tile's
+    height divides 49 rows (HEIGHT_GAIN), not an 8 row block that is one eighth idle."""
+    torch.manual_seed(0)
+    conv = _default_of(nn.Conv2d(128, 128, 3, padding=1, bias=False), torch.randn(1, 128, 28, 28))
+    assert conv == Schedule(tile=(8, 32), transposed=True)
+    unknown = _default_of(nn.Conv2d(128, 128, 3, padding=1, bias=False), torch.randn(1, 128, 28, 28), False)
+    assert unknown == Schedule(tile=(8, 32))  # no weight known: the tiles fill alike either way
+    many_pixels = _default_of(nn.Conv2d(64, 64, 3, padding=1, bias=False), torch.randn(1, 64, 56, 56))
+    shallow = _default_of(nn.Conv2d(16, 128, 3, padding=1, bias=False), torch.randn(1, 16, 28, 28))
+    assert not many_pixels.transposed and not shallow.transposed
+    linear = _default_of(nn.Linear(1152, 128, bias=False), torch.randn(784, 1152))
+    assert linear == Schedule(tile=(8, 32))
+    assert _default_of(nn.Linear(1024, 512, bias=False), torch.randn(49, 1024)).tile == (7, 32)
+    late = _default_of(nn.Conv2d(512, 512, 3, padding=1, bias=False), torch.randn(1, 512, 7, 7))
+    assert late == Schedule(tile=(7, 32), transposed=True)
+
+
 def test_avx512_tiles_use_its_32_registers():
     tiles = gemm_tiles(16, 32)
     assert tiles[0] == (8, 32) and (12, 32) in tiles  # 16 and 24 zmm accumulators

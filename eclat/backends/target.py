@@ -19,7 +19,7 @@ per-kernel times), `plan` (its memory plan) and `reentrant = True` when calls ma
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -85,12 +85,13 @@ class Target:
 
     # --- schedules: how each kernel's loops map onto the hardware ---------------------------------
 
-    def default_schedule(self, kernel: Kernel, threads: int = 1) -> Any:
+    def default_schedule(self, kernel: Kernel, threads: int = 1, weights: Collection[str] = ()) -> Any:
+        """kernel's schedule without tuning; weights: the names of the program's weight buffers."""
         return Schedule(threads=threads)
 
-    def schedule_space(self, kernel: Kernel, threads: int = 1) -> list[Any]:
+    def schedule_space(self, kernel: Kernel, threads: int = 1, weights: Collection[str] = ()) -> list[Any]:
         """The schedules worth timing for kernel, the default first."""
-        return [self.default_schedule(kernel, threads)]
+        return [self.default_schedule(kernel, threads, weights)]
 
     def schedule_from(self, data: dict[str, Any]) -> Any:
         """A schedule back from its JSON form (dataclasses.asdict)."""

@@ -298,7 +298,7 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
                 with phase("group"):
                     program = group(cand, target.fused if with_fused else frozenset())
                     for kern in program.kernels:
-                        kern.schedule = target.default_schedule(kern, threads)
+                        kern.schedule = target.default_schedule(kern, threads, program.weight_names)
             except Exception as e:  # a broken candidate must not take the compile down
                 errors.append(f"candidate {n}: {type(e).__name__}: {e}")
                 continue

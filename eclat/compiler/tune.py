@@ -57,7 +57,7 @@ def tune(program: Program, target: Any, device: Any, db: Any, mode: str, threads
     for kernel in progress(program.kernels, desc="tuning", quiet=quiet, unit="kernel"):
         if not target.tunes(kernel, mode):
             continue
-        space = target.schedule_space(kernel, threads)
+        space = target.schedule_space(kernel, threads, program.weight_names)
         if len(space) < 2:
             continue
         key = tuning_key(kernel_key(kernel, program), kernel.shape, kernel.body.dtype, target.name, device) \

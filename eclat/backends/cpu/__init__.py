@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -33,15 +34,15 @@ class CpuTarget(Target):
 
         return CpuProbe()
 
-    def default_schedule(self, kernel: Kernel, threads: int = 1) -> Any:
+    def default_schedule(self, kernel: Kernel, threads: int = 1, weights: Collection[str] = ()) -> Any:
         from .schedules import default_schedule
 
-        return default_schedule(kernel, threads)
+        return default_schedule(kernel, threads, weights=weights)
 
-    def schedule_space(self, kernel: Kernel, threads: int = 1) -> list[Any]:
+    def schedule_space(self, kernel: Kernel, threads: int = 1, weights: Collection[str] = ()) -> list[Any]:
         from .schedules import schedule_space
 
-        return schedule_space(kernel, threads)
+        return schedule_space(kernel, threads, weights=weights)
 
     def tunes(self, kernel: Kernel, mode: str) -> bool:
         return mode == "full" or as_contraction(kernel) is not None  # "fast": the GEMMs, where tiles matter

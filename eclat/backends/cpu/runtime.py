@@ -149,7 +149,8 @@ def scheduled(program: Program, threads: int = 1, lanes: int | None = None) -> P
     scheduled yet (grouped, not searched, or scheduled for another target) take the default."""
     return replace(program, buffers=dict(program.buffers),
                    kernels=[replace(k, schedule=k.schedule if isinstance(k.schedule, Schedule)
-                                    else default_schedule(k, threads, lanes)) for k in program.kernels])
+                                    else default_schedule(k, threads, lanes, weights=program.weight_names))
+                            for k in program.kernels])
 
 
 class CpuExecutable(NativeRun):

@@ -4,6 +4,7 @@ on first use: pyopencl, pycuda and PyObjC are optional)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from importlib import import_module
 from typing import Any
@@ -54,10 +55,12 @@ class GpuTarget(Target):
     def missing(self) -> str | None:
         return _load(self.missing_reason)() if self.missing_reason else None
 
-    def default_schedule(self, kernel: Kernel, threads: int = 1) -> GpuSchedule:
+    def default_schedule(self, kernel: Kernel, threads: int = 1,
+                         weights: Collection[str] = ()) -> GpuSchedule:
         return default_gpu_schedule(kernel)
 
-    def schedule_space(self, kernel: Kernel, threads: int = 1) -> list[GpuSchedule]:
+    def schedule_space(self, kernel: Kernel, threads: int = 1,
+                       weights: Collection[str] = ()) -> list[GpuSchedule]:
         return gpu_schedule_space(kernel) if kernel.numel else []
 
     def schedule_from(self, data: dict[str, Any]) -> GpuSchedule:
