@@ -219,8 +219,9 @@ def test_schedules_are_timed_in_turns_so_a_fast_spell_favours_none():
         return timer
 
     def target(space):
-        return SimpleNamespace(name="fake", tunes=lambda k, mode: True, schedule_space=lambda k, t, w=(): space,
-                               schedule_json=lambda s: {"s": s}, schedule_trials=lambda p, t, i: trial)
+        return SimpleNamespace(name="fake", tunes=lambda k, mode: True,
+                               schedule_space=lambda k, t, w=(): space, schedule_json=lambda s: {"s": s},
+                               schedule_trials=lambda p, t, i: trial)
 
     kernel = SimpleNamespace(name="k0", schedule=Schedule())
     program = SimpleNamespace(kernels=[kernel], weight_names=frozenset())

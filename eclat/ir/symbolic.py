@@ -91,12 +91,21 @@ _PY: dict[str, Callable[[int, int], int]] = {
 }
 
 
+_SMALL = {v: Num(v) for v in range(-256, 4097)}  # shared (immutable): grouping makes millions
+
+
 def to_expr(x: sint) -> Expr:
     if isinstance(x, Expr):
         return x
-    if isinstance(x, (int,)) or hasattr(x, "__index__"):
-        return Num(int(x))
+    if isinstance(x, int) or hasattr(x, "__index__"):
+        x = int(x)
+        return _SMALL.get(x) or Num(x)
     raise TypeError(f"not a symbolic int: {x!r}")
+
+
+def _is(x: Expr, v: int) -> bool:
+    """Whether x is the constant v (without building one to compare with)."""
+    return isinstance(x, Num) and x.v == v
 
 
 def as_int(x: sint) -> int | None:
@@ -164,7 +173,7 @@ def add(a: sint, b: sint) -> Expr:
         return Num(a.v + b.v)
     if isinstance(a, Num):
         a, b = b, a
-    if b == Num(0):
+    if _is(b, 0):
         return a
     # fold constants to the right: (x + c1) + c2 -> x + (c1 + c2)
     if isinstance(a, BinOp) and a.op == "+" and isinstance(a.b, Num):
@@ -178,9 +187,9 @@ def mul(a: sint, b: sint) -> Expr:
         return Num(a.v * b.v)
     if isinstance(a, Num):
         a, b = b, a
-    if b == Num(0):
+    if _is(b, 0):
         return Num(0)
-    if b == Num(1):
+    if _is(b, 1):
         return a
     if isinstance(b, Num) and isinstance(a, BinOp) and a.op == "*" and isinstance(a.b, Num):
         return mul(a.a, a.b.v * b.v)
@@ -193,7 +202,7 @@ def floordiv(a: sint, b: sint) -> Expr:
     a, b = to_expr(a), to_expr(b)
     if isinstance(a, Num) and isinstance(b, Num):
         return Num(a.v // b.v)
-    if b == Num(1):
+    if _is(b, 1):
         return a
     if isinstance(b, Num) and b.v > 0:
         lo, hi = bounds(a)
@@ -219,7 +228,7 @@ def mod(a: sint, b: sint) -> Expr:
     a, b = to_expr(a), to_expr(b)
     if isinstance(a, Num) and isinstance(b, Num):
         return Num(a.v % b.v)
-    if b == Num(1):
+    if _is(b, 1):
         return Num(0)
     if isinstance(b, Num) and b.v > 0:
         lo, hi = bounds(a)
@@ -390,9 +399,9 @@ def _cofactor(m: tuple, lead: tuple) -> tuple | None:
 
 def logical_and(a: sint, b: sint) -> Expr:
     a, b = to_expr(a), to_expr(b)
-    if a == Num(1):
+    if _is(a, 1):
         return b
-    if b == Num(1):
+    if _is(b, 1):
         return a
     if Num(0) in (a, b):
         return Num(0)
