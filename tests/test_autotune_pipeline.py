@@ -40,6 +40,26 @@ def test_second_compile_reads_the_cache_instead_of_searching(tmp_path, monkeypat
     assert one["candidates"]["timed"] <= pipeline.FAST_CANDIDATES
 
 
+def test_a_fast_search_groups_only_the_candidates_it_may_time(monkeypatch):
+    """Grouping a language model's candidate takes seconds: a "fast" search groups the e-graph's
+    candidates cheapest first until it has twice the programs it times (a candidate with attention
+    makes two: fused and not), and reports the rest as pruned."""
+    grouped = []
+    real = pipeline.group
+    monkeypatch.setattr(pipeline, "group", lambda graph, fused: grouped.append(graph) or real(graph, fused))
+    model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
+    compiled = eclat.compile(model, inputs, autotune="none", k=8, quiet=True)
+    fast = compiled.report()["candidates"]
+    assert len(grouped) == 2 * pipeline.FAST_CANDIDATES < 2 * fast["extracted"]  # some were left
+    assert fast["timed"] <= pipeline.FAST_CANDIDATES
+    assert fast["pruned"] >= fast["extracted"] - pipeline.FAST_CANDIDATES  # the ungrouped among them
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
+    grouped.clear()
+    few = eclat.compile(model, inputs, autotune="none", k=2, quiet=True).report()["candidates"]
+    assert len(grouped) == 2 * few["extracted"]  # under the cap: every candidate, both ways
+
+
 class Affine(torch.nn.Module):
     def __init__(self, seed: int):
         super().__init__()
@@ -167,7 +187,7 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
         calls.append(exe)
         return (cost[exe] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe == "p3")) * 1e6
 
-    def programs(candidates, device, threads, target, errors, shapes=None):
+    def programs(candidates, device, threads, target, errors, shapes=None, enough=None):
         return [(0.0, n, True, f"p{n}") for n in range(4)]
     monkeypatch.setattr(pipeline, "_programs", programs)
     monkeypatch.setattr(pipeline, "verified_build", lambda program, *args: program)

@@ -284,15 +284,19 @@ def _rewrites() -> Any:
 
 
 def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, errors: list[str],
-              fused: bool | None = None, shapes: list[tuple[int, ...]] | None = None
-              ) -> list[tuple[float, int, bool, Program]]:
+              fused: bool | None = None, shapes: list[tuple[int, ...]] | None = None,
+              enough: int | None = None) -> list[tuple[float, int, bool, Program]]:
     """(roofline estimate, candidate number, whether the target's fused kernels are used, program with
     the target's default schedules), most promising first. Each candidate is grouped with the
     target's fused kernels (attention in one kernel) and, where that made any, without them too: the
     search times both. fused: only that grouping (a remembered choice); shapes: the example inputs'
-    (a program with run-time sizes is estimated at theirs, as it is timed)."""
+    (a program with run-time sizes is estimated at theirs, as it is timed); enough: no candidate is
+    grouped once this many programs are (the e-graph's cheapest first: grouping a language model's
+    candidate takes seconds, and a "fast" search times only the best few)."""
     programs = []
     for n, cand in enumerate(candidates):
+        if enough is not None and len(programs) >= enough:
+            break
         for with_fused in (True, False) if fused is None else (fused,):
             try:
                 with phase("group"):
@@ -317,7 +321,11 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     """The fastest verified candidate, by the search: (seconds, executable, program, stats).
     reference(n): what candidate n is checked against."""
     errors: list[str] = []
-    programs = _programs(candidates, device, threads, target, errors, shapes=[a.shape for a in arrays])
+    enough = None if mode == "full" else 2 * FAST_CANDIDATES
+    programs = _programs(candidates, device, threads, target, errors, shapes=[a.shape for a in arrays],
+                         enough=enough)
+    cut = enough is not None and len(programs) >= enough  # the e-graph's costliest were not grouped
+    ungrouped = len(candidates) - 1 - max(p[1] for p in programs) if cut else 0
     built: dict[int, Any] = {}
 
     def time_fn(c: Candidate) -> float:
@@ -341,7 +349,7 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
                        quiet=bars, desc="candidates")
     except TuningError:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors)) from None
-    stats.pruned = found.stats.pruned
+    stats.pruned = found.stats.pruned + ungrouped
     stats.timed, stats.chosen = found.stats.timed, found.winner.schedule["candidate"]
     stats.fused = found.winner.schedule["fused"]
     return found.measured_us / 1e6, built[id(found.winner)], found.winner.payload, stats
