@@ -124,6 +124,23 @@ def test_manifest_holds_the_kernel_program_as_data(saved):
     assert json.loads(json.dumps(encode_program(back))) == manifest["program"]
 
 
+def test_the_object_code_is_the_files_the_process_ran(saved, monkeypatch):
+    """Saving compiles nothing again: the stored object code is the entry points' object and each
+    kernel's as compiled (cpu.artifact.bundle). A bundle cut short or padded is refused, so a
+    damaged one is rebuilt from the stored IR instead."""
+    from eclat.backends.cpu import artifact as cpu_artifact
+
+    with zipfile.ZipFile(saved["path"]) as z:
+        data = z.read("kernels.o")
+    objects = cpu_artifact.unbundle(data)
+    jit = saved["compiled"].executable.jit
+    assert objects[1:] == [obj for obj, _ in jit.kernel_code] and len(objects) >= 2
+    assert cpu_artifact.unbundle(cpu_artifact.bundle(objects)) == objects
+    for bad in (data[:-1], data + b"x", data[:10], b"\x7fELF" + data[4:]):
+        with pytest.raises(ValueError):
+            cpu_artifact.unbundle(bad)
+
+
 def test_weights_read_only_packed_are_stored_once(saved):
     """A Linear weight the matmul reads from its packed copy is stored packed, not twice; the
     round trip above runs from exactly these bytes."""

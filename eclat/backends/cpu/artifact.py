@@ -1,6 +1,8 @@
 """The CPU's part of an artifact: the LLVM IR text and the host's object code.
 
-Loading reads the object code straight into an MCJIT engine, so nothing is optimised again; when
+The object code is the object files the process ran, bundled in one member (`bundle`): the entry
+points' and each kernel's, as compiled. Loading reads them straight into an MCJIT engine, so
+nothing is optimised or compiled again; when
 the object was built for another CPU (missing features, other triple) or cannot be loaded, the
 stored IR is compiled instead. The memory plan and argument slots are derived from the program
 at load, and must equal what the code was built with."""
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import struct
 from typing import Any
 
 from ...compiler.artifact import CODE_LIMIT
@@ -23,6 +26,31 @@ from .jit import Jitted, one_thread_warning, target_machine
 from .runtime import NativeRun, layout
 
 SOURCE, OBJECT = "kernels.ll", "kernels.o"
+BUNDLE = b"eclat object files\n"  # what the object member starts with: then a count, sizes, the files
+
+
+def bundle(objects: list[bytes]) -> bytes:
+    """Object files as one byte string (`unbundle` reads it back)."""
+    return BUNDLE + struct.pack(f"<I{len(objects)}Q", len(objects), *map(len, objects)) + b"".join(objects)
+
+
+def unbundle(data: bytes) -> list[bytes]:
+    """The object files of a bundle; ValueError where data is not one, whole."""
+    if not data.startswith(BUNDLE) or len(data) < len(BUNDLE) + 4:
+        raise ValueError("not a bundle of object files")
+    at = len(BUNDLE)
+    (count,) = struct.unpack_from("<I", data, at)
+    if len(data) < at + 4 + 8 * count:
+        raise ValueError("a bundle of object files cut short")
+    sizes = struct.unpack_from(f"<{count}Q", data, at + 4)
+    at += 4 + 8 * count
+    if at + sum(sizes) != len(data):
+        raise ValueError("a bundle of object files whose sizes do not add up")
+    out = []
+    for size in sizes:
+        out.append(data[at:at + size])
+        at += size
+    return out
 
 
 def cpu_layout(program: Program) -> tuple[MemoryPlan, list[str]]:
@@ -55,9 +83,8 @@ def save(exe: Any) -> Section:
         raise ArtifactError("cannot save: the executable's memory plan or argument slots differ from its "
                             "program's (an eclat bug; please report it)")
     source = exe.module.text()
-    obj = exe.jit.object_code()
     native = {"device": _cpu_host(), "slot_names": slots}
-    return Section(native, {SOURCE: source.encode(), OBJECT: bytes(obj)}, set(exe.module.used))
+    return Section(native, {SOURCE: source.encode(), OBJECT: bundle(exe.jit.objects())}, set(exe.module.used))
 
 
 def _enabled(features: str) -> set[str]:
@@ -78,10 +105,11 @@ def load(program: Program, native: dict[str, Any], art: Any) -> Any:
         host["features"])
     engine, loaded_from = None, "object"
     if same_cpu and art.has(OBJECT):
-        obj = art.read(OBJECT, CODE_LIMIT)
+        objects = art.read(OBJECT, CODE_LIMIT)
         try:
             engine = llvm.create_mcjit_compiler(_empty_module(), target_machine())
-            engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            for obj in unbundle(objects):
+                engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             engine.finalize_object()
         except Exception:  # an object this LLVM cannot link: rebuild from the IR below
             engine = None

@@ -153,9 +153,8 @@ class Jitted:
     def address(self, name: str) -> int:
         return self.engine.get_function_address(name)
 
-    def object_code(self) -> bytes:
-        """All the code as one object file (an artifact's)."""
-        whole = llvm.parse_assembly(str(self.llvm_module))
-        for _, text in self.kernel_code:
-            whole.link_in(llvm.parse_assembly(text))
-        return bytes(target_machine().emit_object(whole))
+    def objects(self) -> list[bytes]:
+        """The code as object files (an artifact's): the entry points', then each kernel's as it was
+        compiled, so that saving compiles nothing again."""
+        entry = bytes(target_machine().emit_object(llvm.parse_assembly(str(self.llvm_module))))
+        return [entry, *(obj for obj, _ in self.kernel_code)]
