@@ -686,6 +686,33 @@ def test_rows_shorter_than_the_vectoriser_likes_run_as_masked_vectors(width):
     assert "llvm.masked.load" in kernel_codes([mod])[0][1]
 
 
+@pytest.mark.parametrize("width, lanes, vector", [(28, 16, 8), (14, 16, 4), (14, 8, 4), (56, 16, 8),
+                                                 (64, 16, 0), (7, 16, 4)])
+def test_rows_read_with_a_stride_run_the_vectors_that_fit_them(width, lanes, vector):
+    """An output row read with a stride (a stride-2 depthwise convolution's 28 pixels) runs vectors
+    of the width leaving the fewest iterations: 3 of 8 and 4 scalars, not 1 of 16 and 12 scalars
+    (`_row_width`; 0: the vectoriser's own choice). The hint names that width; a loop that is not
+    such a row keeps the vectoriser's choice. A stride-2 row of 28 matches the interpreter."""
+    import llvmlite.ir as ir
+
+    from eclat.backends.cpu.emitter import _row_width, loop_hint
+
+    assert _row_width(lanes, width) == vector
+
+    def hint(strided_row: bool) -> str:
+        mod = ir.Module(name="k")
+        loop_hint(mod, 1, lanes, width, True, strided_row)
+        return "\n".join(str(m) for m in mod.metadata)
+    row, other = hint(True), hint(False)
+    assert ('"llvm.loop.vectorize.width", i32 ' + str(vector)) in row if vector else "width" not in row
+    assert "width" not in other
+    x = G.input_("x", (6, 5, 2 * width))
+    out = G.unary("exp2", G.movement(x, lambda v: v.slice(2, 0, 2 * width, 2)))
+    xs = rand(6, 5, 2 * width)
+    graph = G.Graph([x], [out], {})
+    np.testing.assert_allclose(compiled(graph, [xs])[1][0], run(graph, [xs])[0], rtol=1e-6)
+
+
 def test_a_kernel_function_is_emitted_once_per_process(monkeypatch):
     """Another program with the same kernels (a compile's next candidate, a tuner's trial) reuses
     their emitted functions (`codegen._function`) and compiled code, and runs the same."""
