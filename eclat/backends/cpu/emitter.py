@@ -767,18 +767,15 @@ def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None, 
     if key not in mod.namedmetadata:
         opts = [mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.interleave.count"),
                                   ir.Constant(I32, count)])]
-        if force or masked:
+        if force or masked or narrow:
             opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"),
                                           ir.Constant(I1, 1)]))
-        if narrow:
-            opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"),
-                                          ir.Constant(I1, 1)]))
-            opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.width"),
-                                          ir.Constant(I32, narrow)]))
-        if masked:  # vectors of the next power of two (at most lanes), lanes past the row masked off
-            width = min(lanes, 1 << (trip - 1).bit_length())
+        # masked: vectors of the next power of two (at most lanes), lanes past the row masked off
+        width = narrow or (min(lanes, 1 << (trip - 1).bit_length()) if masked else 0)
+        if width:
             opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.width"),
                                           ir.Constant(I32, width)]))
+        if masked:
             opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.predicate.enable"),
                                           ir.Constant(I1, 1)]))
         mod.add_named_metadata(key, mod.add_metadata([ir.MetaDataString(mod, LOOP_HINT), *opts]))
