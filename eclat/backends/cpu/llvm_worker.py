@@ -88,8 +88,10 @@ def _serve() -> None:
 
 class _Worker:
     def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        # -P: the script's own folder (eclat's CPU modules) does not go on sys.path
+        pipe = subprocess.PIPE
+        self.process = subprocess.Popen([sys.executable, "-P", os.path.abspath(__file__)],
+                                        stdin=pipe, stdout=pipe, stderr=subprocess.DEVNULL)
 
     def compile(self, cpu: str, features: str, text: str) -> tuple[bytes, str] | None:
         """The module compiled by this worker; None if it could not (the caller compiles it)."""
