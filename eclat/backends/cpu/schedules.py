@@ -91,13 +91,15 @@ def _tile_for(rows: int, lanes: int, registers: int) -> tuple[int, int]:
     return (best if used(best) > HEIGHT_GAIN * used(mr) else mr), nr
 
 
-def _weight_left(kernel: Kernel, weights: Collection[str]) -> bool:
-    """Whether the contraction's left operand is a weight and its right one is not."""
+def _weight_right_pays(kernel: Kernel, weights: Collection[str], columns: int) -> bool:
+    """Whether the contraction reads a weight on the left (and not on the right) deeply enough and
+    over few enough columns that packing it on the right, transposed, pays (WEIGHT_RIGHT_*)."""
     c = as_contraction(kernel)
 
     def weight(e: KExpr) -> bool:
         return isinstance(e, Load) and e.buffer in weights
-    return c is not None and weight(c.a) and not weight(c.b)
+    return c is not None and weight(c.a) and not weight(c.b) and \
+        upper(c.reduce.size) >= WEIGHT_RIGHT_DEPTH and columns <= WEIGHT_RIGHT_COLUMNS
 
 
 def filled(rows: int, cols: int, tile: tuple[int, int], lanes: int) -> float:
@@ -123,10 +125,7 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     if flip is not None:
         turned = Schedule(tile=_tile_for(flip[0], lanes, registers), threads=threads, transposed=True)
         gain = filled(*flip, turned.tile, lanes) / filled(*plain, best.tile, lanes)
-        depth = upper(as_contraction(kernel).reduce.size)
-        weight_right = _weight_left(kernel, weights) and gain >= 1 and depth >= WEIGHT_RIGHT_DEPTH and \
-            plain[1] <= WEIGHT_RIGHT_COLUMNS
-        if gain > TRANSPOSE_GAIN or weight_right:
+        if gain > TRANSPOSE_GAIN or gain >= 1 and _weight_right_pays(kernel, weights, plain[1]):
             return turned
     return best
 
