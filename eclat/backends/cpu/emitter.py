@@ -87,6 +87,7 @@ VECTORIZER_MIN_TRIP = 16  # LLVM's loop vectoriser leaves loops shorter than thi
 # runs in half vectors, not one float at a time)
 HALF_VECTOR = 8
 SHORT_ROW = 4  # short rows at least this long that fill no whole vectors run with masked lanes
+TINY_ROW = 4  # an innermost axis this short is unrolled into the loop around it, which vectorises
 MAX_PIECES = 64  # most ranges a loop is split into where masks change along it (a concatenation's parts)
 UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
 # and longer ones whose unrolled code stays this small (a depthwise convolution's 7x7 taps): the
@@ -112,7 +113,12 @@ class KernelEmitter:
         self.pack_format: str | None = None  # its low-precision format (compiler.quantize), None: float32
         self.used = set(self.arg_names)  # what the code dereferences: not a weight it reads packed
         self.size_slots: dict[Var, int] = {}  # run-time sizes it reads -> their place in SIZES
-        last = f"i{len(kernel.shape) - 1}"  # whether it reads along its innermost axis with a stride
+        shape = kernel.shape
+        # an innermost axis of a few elements ([.., w, 2]: a Winograd tile's columns) is unrolled and
+        # the axis before it runs as the row: its stores interleave, which the vectoriser handles
+        self.tiny_last = len(shape) >= 2 and isinstance(shape[-1], int) and 1 < shape[-1] <= TINY_ROW \
+            and upper(shape[-2]) > 1 and not kernel.sides
+        last = f"i{len(shape) - 1 - self.tiny_last}"  # whether it reads along its row with a stride
         self.strided_rows = any(c not in (0, 1) for x in loads(kernel.body) if isinstance(x, Load)
                                 for c, a in terms(x.index) if isinstance(a, Var) and a.name == last)
 
@@ -251,7 +257,9 @@ class KernelEmitter:
                       ) -> list:
                 self.scope.bind(vars_[dd].name, i)
                 self.hoist(cands)
-                if dd + 2 == len(shape) and pad is not None:
+                if dd + 2 == len(shape) and self.tiny_last:
+                    self._unrolled_row(vars_, piece)
+                elif dd + 2 == len(shape) and pad is not None:
                     self._padded_row(vars_, *pad)
                 elif dd + 2 == len(shape) and inside is not None:
                     self._split_row(vars_, piece, *inside)
@@ -261,7 +269,7 @@ class KernelEmitter:
                     self._axis(piece, dd + 1, i64(0), self.sym(shape[dd + 1]))
                 elif dd + 1 < len(shape):
                     self.loop(i64(0), self.sym(shape[dd + 1]), [], lambda i2, a: level(dd + 1, i2, a),
-                              row=dd + 2 == len(shape))
+                              row=dd + 2 + self.tiny_last == len(shape))
                 else:
                     self.store(k.out, ravel(vars_, shape), self.emit(piece), piece.dtype)
                 return []
@@ -271,7 +279,8 @@ class KernelEmitter:
                 first = self.b.select(self.b.icmp_signed("<", start, i64(lo)), i64(lo), start)
             if hi + 1 < upper(shape[d]):
                 last = self.b.select(self.b.icmp_signed(">", stop, i64(hi + 1)), i64(hi + 1), stop)
-            self.loop(first, last, [], lambda i, a, lv=level: lv(d, i, a), row=d + 1 == len(shape))
+            self.loop(first, last, [], lambda i, a, lv=level: lv(d, i, a),
+                      row=d + 1 + self.tiny_last == len(shape))
 
     def _pieces(self, body: KExpr, d: int) -> list[tuple[int, int, KExpr]]:
         """(lo, hi, body with axis d known to lie in lo..hi) for the ranges of axis d over which every
@@ -299,6 +308,17 @@ class KernelEmitter:
                 return whole  # a mask the ranges did not fold
             out.append((lo, stop - 1, piece))
         return out
+
+    def _unrolled_row(self, vars_: list[Var], body: KExpr) -> None:
+        """The innermost axis's few elements, each stored with its index known (its masks folded)."""
+        last = vars_[-1].name
+        for j in range(self.k.shape[-1]):
+            with self.scope.nested():
+                fixed = lambda v, j=j: Num(j) if v.name == last else v  # noqa: E731
+                at = rewrite(body, index=lambda x, fixed=fixed: map_vars(x, fixed))
+                self.scope.bind(last, i64(j))
+                self.hoist(reduces(at))
+                self.store(self.k.out, ravel(vars_, self.k.shape), self.emit(at), at.dtype)
 
     def _row_with_sides(self, vars_: list[Var], cands: list[Reduce]) -> None:
         """The last axis: each value stored, and each side sum accumulated from it."""
