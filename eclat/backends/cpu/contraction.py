@@ -30,7 +30,7 @@ from ...compiler.kernel import (
 )
 from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
-from ...ir.symbolic import Expr, Num, Var, evaluate, prod, sint, terms, to_expr, upper, var_list
+from ...ir.symbolic import Expr, Num, Var, evaluate, map_vars, prod, sint, terms, to_expr, upper, var_list
 from ...ir.view import contiguous_strides
 from ..derived import derived
 from . import host
@@ -125,6 +125,11 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
     return derived(data, ("panels", layout, n, kk, nr, fmt), pack)
 
 
+def _at_batch(index: Expr, at: dict[str, int]) -> Expr:
+    """index with the batch variables `at` names fixed to their values."""
+    return map_vars(index, lambda v: Num(at[v.name]) if v.name in at else v)
+
+
 class ContractionEmitter(KernelEmitter):
     """Emits a contraction kernel: one outer loop over (panel, batch) pairs, the row blocks of a
     panel inside, the micro-kernel for each, then the kernel's epilogue per element of the tile."""
@@ -135,6 +140,7 @@ class ContractionEmitter(KernelEmitter):
                  packed: dict[str, np.ndarray], lanes: int, contraction: Contraction):
         super().__init__(mod, kernel, buffers, packed, lanes)
         self.contraction = contraction
+        self.packed_batch = False  # whether the packed weight holds one set of panels per batch index
         self.pack_name = self._pack()
         if self.pack_name:
             packs = [n for n in (self.pack_name, self.pack_name + SCALES) if n in buffers]
@@ -154,18 +160,39 @@ class ContractionEmitter(KernelEmitter):
             return None
         n_var, k_var = f"i{c.n_axis}", c.reduce.var.name
         n, kk = k.shape[c.n_axis], c.reduce.size
-        if not free_vars(b) <= {n_var, k_var} or not isinstance(n, int) or not isinstance(kk, int):
+        source = self.buffers[b.buffer]
+        # a weight per batch index (a Winograd product's 16 filters) packs each batch's panels in turn,
+        # in float32 (the low-precision panels' scales are laid out per product)
+        batch = [f"i{a}" for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
+        sizes = [k.shape[a] for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
+        varying = free_vars(b) - {n_var, k_var}
+        if not varying <= set(batch) or varying and source.format is not None or \
+                not all(isinstance(x, int) for x in (n, kk, *sizes)):
             return None
+        self.packed_batch = bool(varying)
         nr = self.tile()[1]
         name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
-            source = self.buffers[b.buffer]
-            packs = packed_panels(np.asarray(source.data), b.index, n_var, k_var, n, kk, nr, source.format)
+            data = np.asarray(source.data)
+            if varying:
+                packs = [np.concatenate([packed_panels(data, _at_batch(b.index, dict(zip(batch, at))), n_var,
+                                                       k_var, n, kk, nr)[0] for at in np.ndindex(*sizes)])]
+            else:
+                packs = packed_panels(data, b.index, n_var, k_var, n, kk, nr, source.format)
             fmt = source.format if len(packs) > 1 or packs[0].dtype != np.float32 else None
             for part, data in zip((name, name + SCALES), packs):
                 self.packed[part] = data
                 self.buffers[part] = Buffer(part, data.size, from_numpy(data.dtype), "weight", data, fmt)
         return name
+
+    def _batch_index(self) -> ir.Value:
+        """The row-major number of the current batch index (the axes other than M and N)."""
+        c, shape, bb = self.contraction, self.k.shape, self.b
+        out = i64(0)
+        for a in range(len(shape)):
+            if a not in (c.m_axis, c.n_axis):
+                out = bb.add(bb.mul(out, i64(shape[a])), self.var(f"i{a}"))
+        return out
 
     def tile(self) -> tuple[int, int]:
         """The schedule's register block, clamped to the rows and whole vectors."""
@@ -388,6 +415,8 @@ class ContractionEmitter(KernelEmitter):
             return [bb.load(vector_ptr(bb, self.scratch, bb.add(base, i64(v * lanes))), typ=vt, align=4)
                     for v in range(nv)]
         if self.pack_name:
+            if self.packed_batch:  # the batch's own panels first
+                p = bb.add(p, bb.mul(self._batch_index(), i64(-(-self.k.shape[c.n_axis] // nr))))
             base = bb.mul(bb.add(bb.mul(p, i64(c.reduce.size)), kv), i64(nr))
             item = np.dtype(self.packed[self.pack_name].dtype).itemsize
             if self.streaming:
