@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import EclatError
 from ..ir.dtypes import DType
-from ..ir.graph import OPS, Graph, Node, decompose_composites, movement
+from ..ir.graph import OPS, Graph, Node, decompose_composites, input_, movement
 from ..ir.symbolic import (
     Expr,
     Num,
@@ -94,10 +94,11 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     composites the target runs as one kernel of their own ("attention")."""
     if "attention" in fused:
         graph = _fused_attention(graph)
-    keep = {op for op in NATIVE_COMPOSITES | {"attend"} if op in OPS}
+    keep = {op for op, d in OPS.items() if op in NATIVE_COMPOSITES | {"attend"} or d.alone}
     graph = decompose_composites(_products_before_masks(graph), keep=keep)
     nodes = graph.nodes()
     forced = {id(n.srcs[0]) for n in nodes if n.op == "gather"}
+    forced |= {id(x) for n in nodes if n.kind == "composite" and OPS[n.op].alone for x in (n, *n.srcs)}
     forced |= {id(n) for n in nodes if n.op == "attend" or n.op == "contiguous" and not _broadcast_copy(n)}
     forced |= {id(o) for o in graph.outputs}
     chosen = _contractions_under_reduces(graph, nodes, forced)
@@ -116,6 +117,45 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     finally:
         sys.setrecursionlimit(limit)
     raise EclatError("kernel grouping did not converge")  # pragma: no cover
+
+
+_ALONE: dict[tuple, tuple[Kernel, list[str]]] = {}
+
+
+def _alone(n: Node) -> tuple[Kernel, list[str]]:
+    """The kernel of composite n that groups alone (`OpDef.alone`), and the buffer names its body
+    reads its operands by: its decomposition grouped on its own, once per op, argument and operand
+    shapes (a model's convolutions of one shape share it; so do the candidates of a compile)."""
+    key = (n.op, n.arg, tuple((tuple(s.shape), s.dtype) for s in n.srcs))
+    if key not in _ALONE:
+        ins = [input_(f"x{k}", s.shape, s.dtype) for k, s in enumerate(n.srcs)]
+        sub = decompose_composites(Graph(ins, [Node(n.op, tuple(ins), n.arg, n.shape, n.dtype)], {}))
+        root = sub.outputs[0]
+        value = root.srcs[0] if root.op == "view" else root
+        if value.op != "contiguous":
+            raise EclatError(f"composite {n.op} groups alone but does not decompose to one value")
+        grouping = _Grouping(sub, sub.nodes(), {id(value), id(root)})
+        (kernel,) = [coalesce(k) for k in grouping.kernels if k.out == grouping.buf_of[id(value)]]
+        _ALONE[key] = kernel, [grouping.buf_of[id(x)] for x in ins]
+    return _ALONE[key]
+
+
+def _renamed(e: KExpr, names: dict[str, str]) -> KExpr:
+    """e reading buffer names[b] where it reads b (loads only: an alone kernel gathers nothing)."""
+    memo: dict[int, KExpr] = {}
+
+    def go(x: KExpr) -> KExpr:
+        if id(x) not in memo:
+            if isinstance(x, Load):
+                memo[id(x)] = dataclasses.replace(x, buffer=names.get(x.buffer, x.buffer))
+            elif isinstance(x, Op):
+                memo[id(x)] = Op(x.op, tuple(go(s) for s in x.srcs), x.dtype)
+            elif isinstance(x, Reduce):
+                memo[id(x)] = Reduce(x.op, x.size, x.var, go(x.body), x.dtype)
+            else:
+                memo[id(x)] = x
+        return memo[id(x)]
+    return go(e)
 
 
 def _broadcast_copy(n: Node) -> bool:
@@ -467,6 +507,7 @@ class _Grouping:
         self.buffers: dict[str, Buffer] = {}
         self.buf_of: dict[int, str] = {}
         self.kernels: list[Kernel] = []
+        self.alone: set[int] = set()  # the kernels of composites that group alone (`_alone`), coalesced
         self.origin: dict[KExpr, Node] = {}
         self.occurrences: dict[int, set[tuple[int, KExpr]]] = {}
         self._memo: dict = {}
@@ -519,6 +560,14 @@ class _Grouping:
     def _kernel(self, n: Node, out: str, copy: bool = False) -> None:
         idxs = tuple(axis_vars(tuple(n.shape)))
         kid = len(self.kernels)
+        if n.kind == "composite" and OPS[n.op].alone:
+            kernel, inputs = _alone(n)
+            names = {a: self.buf_of[id(s)] for a, s in zip(inputs, n.srcs)}
+            self.alone.add(kid)
+            self.kernels.append(dataclasses.replace(kernel, name=f"k{kid}_{n.op}", out=out,
+                                                    body=_renamed(kernel.body, names)))
+            self._built[id(n)] = (self.kernels[-1], [])
+            return
         self._kid, self._ops, self._noted = kid, set(), []
         body = self._load(n, idxs, Num(1)) if copy else self._compute(n, idxs, Num(1))
         self.kernels.append(Kernel(f"k{kid}_{n.op}", out, dims(n.shape), body,
@@ -544,6 +593,8 @@ class _Grouping:
     def _reuse(self, n: Node, kernel: Kernel, noted: list[tuple[Node, KExpr]]) -> None:
         """The previous attempt's kernel for n, numbered here, with what it noted."""
         self._kid = len(self.kernels)
+        if n.kind == "composite" and OPS[n.op].alone:
+            self.alone.add(self._kid)
         self.kernels.append(dataclasses.replace(kernel, name=f"k{self._kid}_{n.op}"))
         for m, out in noted:
             self._note(m, out)
@@ -647,7 +698,7 @@ class _Grouping:
         hits: dict[int, KExpr] = {}
         sizes: dict[str, int] = {}
         fv_memo: dict = {}
-        for k in self.kernels:
+        for k in (k for j, k in enumerate(self.kernels) if j not in self.alone):  # alone: no graph nodes
             rs = reduces(k.body)
             axes = {r.body for r in rs if isinstance(r.body, Reduce) and r.body.op == r.op}  # multi-axis
             if len(rs) - len(axes) > 1:  # a contraction gets a kernel of its own, to be register-blocked
@@ -693,7 +744,8 @@ class _Grouping:
 
     def program(self) -> Program:
         ins = [self.buf_of[id(n)] for n in self.graph.inputs]
-        kernels = _without_copies([coalesce(k) for k in self.kernels], self.buffers)
+        kernels = _without_copies([k if j in self.alone else coalesce(k) for j, k in enumerate(self.kernels)],
+                                  self.buffers)
         return Program(self.buffers, kernels, ins, self.outputs,
                        [dims(n.shape) for n in self.graph.inputs],
                        [dims(n.shape) for n in self.graph.outputs],

@@ -29,16 +29,19 @@ class OpDef:
     numpy: Callable[..., np.ndarray] | None  # (node, *source arrays) -> array
     # composites only: the same value built from primitives, for backends without a native form
     decompose: Callable[[Node], Node] | None = None
+    # a composite whose decomposition is one materialised value read through a view (a Winograd
+    # transform): grouping makes it a kernel of its own, built once per argument and shapes
+    alone: bool = False
 
 
 OPS: dict[str, OpDef] = {}
 
 
 def register(name: str, kind: str, numpy_fn: Callable[..., np.ndarray] | None,
-             decompose: Callable[[Node], Node] | None = None) -> None:
+             decompose: Callable[[Node], Node] | None = None, alone: bool = False) -> None:
     if kind == "composite" and decompose is None:
         raise ValueError(f"composite op {name!r} needs a decomposition into primitives")
-    OPS[name] = OpDef(name, kind, numpy_fn, decompose)
+    OPS[name] = OpDef(name, kind, numpy_fn, decompose, alone)
 
 
 def _cast(node: Node, x: np.ndarray) -> np.ndarray:

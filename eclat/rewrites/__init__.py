@@ -65,6 +65,7 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
             ins = [value[id(v)] for v in seg.ins]
             m = merge.rebound(cand, m, enc.joined, rep_weights, weights, made)
             outs = blocks.rebind(cand, m, ins, enc.new_weights, rep_weights, weights, made)
+            weights |= enc.constants
             value.update((id(o), v) for o, v in zip(seg.outputs, outs))
         outputs = [value.get(id(o), o) for o in graph.outputs]  # a leaf output is no segment's
         graphs.append(Graph(graph.inputs, outputs, weights, graph.out_spec))

@@ -225,9 +225,9 @@ g.register("layernorm", "composite", _layernorm_numpy, decompose=_decompose_laye
 # the non-operand constructor arguments of a composite, from its node.arg
 COMPOSITE_ARGS: dict[str, Callable[[object], tuple]] = {"softmax": tuple, "rmsnorm": tuple,
                                                         "layernorm": tuple, "attention": tuple}
-_BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt, "softmax": softmax, "rmsnorm": rmsnorm,
+BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt, "softmax": softmax, "rmsnorm": rmsnorm,
              "layernorm": layernorm, "attention": attention}
 
 
 def build_composite(op: str, args: Sequence[Node]) -> Node:
-    return _BUILDERS[op](*args)
+    return BUILDERS[op](*args)

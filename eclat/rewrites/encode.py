@@ -40,6 +40,7 @@ class Encoding:
     joined: dict[str, Any] = field(default_factory=dict)  # name -> merge.Joined (weights joined)
     oracles: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
     made: dict[str, np.ndarray] = field(default_factory=dict)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # weights the rules' right sides add
 
     def attr(self, key: Hashable, value: Any = None) -> int:
         if key not in self.ids:
@@ -56,8 +57,17 @@ class Encoding:
     def view_id(self, v: View) -> int:
         return self.attr(("view", v))
 
+    def arg_id(self, a: Any) -> int:
+        """The id of a composite's non-operand argument (a View, or a hashable description)."""
+        return self.view_id(a) if isinstance(a, View) else self.attr(("arg", a))
+
     def leaf_id(self, node: Node) -> int:
         return self.attr(("leaf", id(node)), node)
+
+    def constant(self, name: str, array: np.ndarray) -> int:
+        """The leaf id of a constant tensor a rule's right side reads (a transform's matrix)."""
+        self.constants[name] = array
+        return self.attr(("constant", name), Node("weight", (), name, array.shape, DType.float32))
 
     def term(self, t: Term) -> int:
         if t not in self.term_ids:
@@ -95,8 +105,9 @@ class Encoding:
         if node.kind == "reduce":
             return (CTOR_OF_OP[node.op], srcs[0], node.arg)
         if node.op in CTOR_OF_OP:
-            args = [self.view_id(a) if isinstance(a, View) else a
-                    for a in COMPOSITE_ARGS.get(node.op, lambda a: ())(node.arg)]
+            kinds = CTORS[CTOR_OF_OP[node.op]][1][len(srcs):]
+            args = [self.arg_id(a) if kind == "attr" else a
+                    for a, kind in zip(COMPOSITE_ARGS.get(node.op, lambda a: ())(node.arg), kinds)]
             return (CTOR_OF_OP[node.op], *srcs, *args)
         if not 1 <= len(srcs) <= 3:
             raise NotImplementedError(f"the e-graph cannot hold op {node.op!r} with {len(srcs)} operands")
@@ -197,7 +208,7 @@ def decode(enc: Encoding, choice: Callable[[int], tuple], roots: list[int]) -> G
         stack.pop()
         built[cls] = build(enc, ctor, [built[a] if k == "T" else a for k, a in zip(kinds, args)])
     outputs = [built[r] for r in roots]
-    weights = dict(enc.graph.weights)
+    weights = enc.graph.weights | enc.constants
     for n in Graph([], outputs, {}).nodes():
         if n.op == "weight" and n.arg in enc.new_weights:
             if n.arg not in enc.made:  # laid out once, when a candidate first uses it

@@ -32,7 +32,7 @@ from ..ir.dtypes import DType
 from ..ir.graph import Node
 from ..ir.symbolic import Expr, as_int
 from ..ir.view import View
-from .fold import EVAL_LIMIT, SLACK_BYTES
+from .fold import EVAL_LIMIT, FOLD_GROWTH, SLACK_BYTES
 from .fusion import overlap
 from .lang import CTORS, SAME_SHAPE
 
@@ -42,12 +42,16 @@ OP_FLOPS = 4.0
 LOAD_FLOPS = 0.5  # per element and operand read (not a constant) by an elementwise op or a norm
 TRANSCENDENTAL_FLOPS = 20.0
 FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one kernel, ops per element
+# Winograd's transforms (rewrites.winograd): one kernel each, terms summed per output element,
+# and the attribute of the convolution that gives the output's shape
+TRANSFORMS = {"WinogradIn": (4.0, "v_shape"), "WinogradOut": (9.0, "y_shape")}
 TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
 SYMBOLIC_HINT = 64  # size assumed for a symbolic dimension when estimating
 COPY = 1e12  # a runtime copy of a buffer that already exists
 # nodes computed once in a kernel of their own, whose result is a buffer; all others are fused
 # into (and recomputed by) every kernel that reads them
-BOUNDARY = {"Contiguous", "Sum", "MaxReduce", "Matmul", "Softmax", "RmsNorm", "LayerNorm", "Attention"}
+BOUNDARY = {"Contiguous", "Sum", "MaxReduce", "Matmul", "Softmax", "RmsNorm", "LayerNorm", "Attention",
+            *TRANSFORMS}
 COMMUTATIVE = {"Add", "Mul", "Max"}
 ELEMENTWISE = set(SAME_SHAPE) - set(FUSED_REDUCTIONS)
 QUIET = {"View", "Leaf", "Fill", "Contiguous"}  # not named in the op counts of `describe`
@@ -140,6 +144,8 @@ def _type_of(node: tuple, kids: list, attrs: list) -> tuple[tuple, DType]:
         return shape[:-1] + kids[1][0][-1:], dtype
     if ctor == "Attention":
         return tuple(attrs[args[7]].shape[:-1]) + kids[2][0][-1:], dtype
+    if ctor in TRANSFORMS:
+        return getattr(attrs[args[1]], TRANSFORMS[ctor][1]), dtype
     return shape, dtype
 
 
@@ -194,7 +200,7 @@ def folds(data: EGraphData, attrs: list) -> set[int]:
             continue
         shape, dtype = data.info[c]
         if all(as_int(d) is not None for d in shape) and numel(shape) <= EVAL_LIMIT \
-                and got[1] * dtype.itemsize <= got[0] + SLACK_BYTES:
+                and got[1] * dtype.itemsize <= FOLD_GROWTH * got[0] + SLACK_BYTES:
             out.add(n)
     return out
 
@@ -250,6 +256,8 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list, roof: Roofline =
         flops = 2.0 * scores * (numel(kids[0][0][-1:]) + numel(kids[2][0][-1:]))
         return roof.time(flops + OP_FLOPS * FUSED_REDUCTIONS["Softmax"] * scores,
                          nbytes(*(k[0] for k in kids), out[0]))
+    if ctor in TRANSFORMS:
+        return roof.time(OP_FLOPS * TRANSFORMS[ctor][0] * n, nbytes(kids[0][0], out[0]))
     if ctor in FUSED_REDUCTIONS:  # one pass: its output stands for the input its readers would read
         return roof.time(OP_FLOPS * FUSED_REDUCTIONS[ctor] * n, nbytes(out[0]))
     if ctor in TRANSCENDENTAL:

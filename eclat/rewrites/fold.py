@@ -11,8 +11,9 @@ its operands are tried in turn:
   * stored without its broadcast axes: where the value repeats along an axis (a bias, a BatchNorm
     scale expanded to [batch, c, h, w]) one copy is kept and the expand stays a view; a value
     that repeats along every axis becomes a constant;
-  * not much larger than the weights it reads (bytes stored <= their bytes + SLACK_BYTES): a
-    rank-8 product A @ B alone is d*d from 2*d*8 and stays two thin GEMMs; W + A @ B folds.
+  * not much larger than the weights it reads (bytes stored <= FOLD_GROWTH x their bytes +
+    SLACK_BYTES): a rank-8 product A @ B alone is d*d from 2*d*8 and stays two thin GEMMs;
+    W + A @ B folds, and so does a Winograd filter transform (16 taps from 9).
 
 Values are computed by the reference interpreter with floating-point operations in float64
 (casts and comparisons read their operands rounded, as the program holds them), then rounded
@@ -37,6 +38,7 @@ from ..ir.symbolic import as_int
 from ..ir.view import View
 
 SLACK_BYTES = 4096  # a fold may exceed the weights it reads by this (a small table made from iota)
+FOLD_GROWTH = 2  # and store up to this many times their bytes (a Winograd filter: 16 taps for 9)
 EVAL_LIMIT = 1 << 24  # elements of one value the interpreter may build here
 NAME_SOURCES = 3  # weights named in a folded weight's name, at most
 
@@ -121,7 +123,7 @@ def _chosen(graph: Graph, nodes: list[Node], sources: dict[int, dict[str, int]],
         seen.add(id(n))
         stored = _stored(n, _value(n, graph, values))
         values.clear()  # float64 copies of weights: held for one value at a time
-        if stored.size * n.dtype.itemsize <= sum(sources[id(n)].values()) + SLACK_BYTES:
+        if stored.size * n.dtype.itemsize <= FOLD_GROWTH * sum(sources[id(n)].values()) + SLACK_BYTES:
             chosen[id(n)] = stored
         else:
             roots.extend(n.srcs)

@@ -23,8 +23,9 @@ _EXAMPLES = {
     "Attention": {"x0": (2, 3, 4), "x1": (2, 4, 5), "x2": (2, 5, 6), "x3": (2, 3, 5), "r4": 2,
                   "d6": View.contiguous((2, 3, 5)), "d7": View.contiguous((2, 3, 5))},
 }
+# a Winograd transform is a kernel of its own whatever reads it (its decomposition ends in a copy)
 FUSIBLE = [c for c, (op, kinds) in CTORS.items()
-           if "T" in kinds and op and c not in ("View", "Contiguous")]
+           if "T" in kinds and op and c not in ("View", "Contiguous", "WinogradIn", "WinogradOut")]
 
 
 def _rules(ctor: str) -> list[Rule]:

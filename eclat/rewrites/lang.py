@@ -37,6 +37,7 @@ CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "Softmax": ("softmax", ("T", "int", "int")), "RmsNorm": ("rmsnorm", ("T", "int", "f64", "f64")),
     "LayerNorm": ("layernorm", ("T", "T", "T", "int", "f64", "f64")),
     "Attention": ("attention", ("T", "T", "T", "T", "int", "f64", "attr", "attr", "int")),
+    "WinogradIn": ("winograd_in", ("T", "attr")), "WinogradOut": ("winograd_out", ("T", "attr")),
     # any other registered op, carried opaquely: attr = (op, arg, shape, dtype)
     "Op1": ("", ("attr", "T")), "Op2": ("", ("attr", "T", "T")), "Op3": ("", ("attr", "T", "T", "T")),
 }
@@ -48,6 +49,7 @@ ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "sp
            "mmid": 4, "ub_a": 2, "ub_b": 2, "ub_o": 2,  # contraction.py
            "mm_ow": 4, "scale_a": 5, "scale_b": 5, "vcomp": 2, "kscale_a": 3, "kscale_b": 3,  # affine.py
            "rereads": 1,  # fusion.py
+           "wconv": 3, "wgg": 3, "wfilter": 3, "wu": 3, "wout": 3,  # winograd.py
            "late_o": 6, "late_row": 6,  # recognition.py: a product normalised after it
            **{name: 8 for name in ("g_idx", "g_out", "g_cond", "g_ishape", "g_gshape", "g_idt", "g_n")}}
 

@@ -18,9 +18,10 @@ class CpuTarget(Target):
     runtime_sizes = True  # a SIZES argument every kernel that needs one reads (emitter.py)
 
     def rules(self) -> tuple[Any, ...]:
+        from ...rewrites import winograd
         from .rules import RULES
 
-        return (RULES,)
+        return (RULES, winograd.RULES)
 
     def runs_fused(self, kernel: Kernel) -> bool:
         from . import host
