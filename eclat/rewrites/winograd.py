@@ -262,11 +262,21 @@ def _example() -> Graph:
     return Graph([x, wa], [out], {})
 
 
-KEY = "vwin vb vo"
+def _rule(name: str, lhs: str, filter_: str, when: tuple[str, ...], key: str, example) -> Rule:
+    """The rewrite of lhs, whose filter operand (as a product's left operand [1, O, 9C]) is
+    filter_ and whose oracles are keyed by key (window view, patches view, output view)."""
+    oracles = (("k", "wconv"), ("gg", "wgg"), ("wf", "wfilter"), ("vu", "wu"), ("wo", "wout"))
+    return Rule(name, lhs, f"(View (WinogradOut (Matmul (View (Matmul (Leaf gg) (View {filter_} wf)) vu) "
+                           f"(WinogradIn xp k)) k) wo)",
+                (*when, *(f"(= {var} ({oracle} {key}))" for var, oracle in oracles)), example=example)
+
+
+_PATCHES = "(View (Contiguous (View xp vwin)) vb)"
 RULES = RuleSet("winograd", (
-    Rule("winograd-f2x2-3x3", "(View (Matmul wa (View (Contiguous (View xp vwin)) vb)) vo)",
-         "(View (WinogradOut (Matmul (View (Matmul (Leaf gg) (View wa wf)) vu) (WinogradIn xp k)) k) wo)",
-         tuple(f"(= {var} ({name} {KEY}))" for var, name in
-               (("k", "wconv"), ("gg", "wgg"), ("wf", "wfilter"), ("vu", "wu"), ("wo", "wout"))),
-         example=_example),
+    # the frontend's product, read as the convolution's output
+    _rule("winograd-f2x2-3x3", f"(View (Sum (Mul (View wa va) {_PATCHES}) r) w)", "(View wa a2)",
+          ("(= a2 (mm_a va vb r))", "(= b2 (mm_b va vb r))", "(= vo (mm_ow va vb r w))"), "vwin b2 vo",
+          lambda: g.decompose_composites(_example())),
+    # a product a rule made (a BatchNorm's scale moved into the filter)
+    _rule("winograd-f2x2-3x3-matmul", f"(View (Matmul wa {_PATCHES}) vo)", "wa", (), "vwin vb vo", _example),
 ))
