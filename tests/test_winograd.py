@@ -97,6 +97,17 @@ def test_a_compile_offers_winograd_and_stays_correct(bias):
     assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
 
 
+def test_a_plain_convolution_with_a_bias_takes_winograd_too():
+    """No BatchNorm after it: the rule matches the frontend's product as it is read (squeezenet's)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 24, 3, padding=1).eval()
+    x = torch.randn(1, 16, 9, 9)
+    compiled = eclat.compile(conv, (x,), autotune="none", threads=1, quiet=True)
+    assert compiled.report()["egraph"]["rules"]["winograd"]["winograd-f2x2-3x3"] >= 1
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), conv(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_the_rule_leaves_strided_grouped_and_narrow_convolutions_alone():
     torch.manual_seed(0)
     convs = (torch.nn.Conv2d(16, 16, 3, stride=2, padding=1), torch.nn.Conv2d(16, 16, 3, padding=1, groups=2),
