@@ -260,15 +260,15 @@ def _candidates(graph: Graph, target: str, k: int, device: Any = None) -> tuple[
     except ImportError:
         return [graph], {}
     from ..rewrites.extract import CPU, Roofline
-    from ..rewrites.fold import fold_weights
+    from ..rewrites.fold import Shared, fold_weights
 
     roof = CPU if device is None else Roofline(device.gflops("float32") * 1e9, device.peak_gbps * 1e9,
                                                device.launch_overhead_us * 1e-6)
     with phase("e-graph"):
         opt = rewrites.optimize(graph, target, k, roof=roof)
-    made: dict = {}  # one array per folded value, whichever candidates hold it
+    shared = Shared()  # one array per folded value, whichever candidates hold it
     with phase("fold"):
-        return [fold_weights(c, made) for c in opt.candidates or [graph]], dict(opt.stats)
+        return [fold_weights(c, shared) for c in opt.candidates or [graph]], dict(opt.stats)
 
 
 def _rewrites() -> Any:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
@@ -45,15 +46,25 @@ NAME_SOURCES = 3  # weights named in a folded weight's name, at most
 _WIDE = SimpleNamespace(np=np.dtype(np.float64), is_float=True)  # a float dtype stand-in for numpy
 
 
-def fold_weights(graph: Graph, made: dict[tuple, tuple[Node, np.ndarray]] | None = None) -> Graph:
+@dataclass
+class Shared:
+    """What the candidates of one compile share: the folded weights by content, so that equal
+    values are one array (the backend then prepares each once: a CPU packing of a large weight
+    costs seconds), and the values computed, by what computes them (the candidates repeat most
+    of each other's)."""
+    made: dict[tuple, tuple[Node, np.ndarray]] = field(default_factory=dict)
+    ids: dict[tuple, int] = field(default_factory=dict)  # (op, arg, shape, dtype, operand ids) -> id
+    stored: dict[int, np.ndarray | None] = field(default_factory=dict)  # id -> the value to store, if any
+
+
+def fold_weights(graph: Graph, shared: Shared | None = None) -> Graph:
     """graph with every weight-only value worth materialising replaced by a precomputed weight
-    (read through a broadcast view where it repeats) or a constant. made: the folded weights by
-    content, shared by the candidates of one compile, so that equal values are one array (the
-    backend then prepares each once: a CPU packing of a large weight costs seconds)."""
+    (read through a broadcast view where it repeats) or a constant."""
+    shared = Shared() if shared is None else shared
     nodes = graph.nodes()
     sources = _weight_only(graph, nodes)
     values: dict[int, np.ndarray] = {}
-    chosen = _chosen(graph, nodes, sources, values)
+    chosen = _chosen(graph, nodes, sources, values, _structure(nodes, shared.ids), shared.stored)
     if not chosen:
         return graph
     # a folded value that a view reads at run time (symbolic, or too large to compute here) is
@@ -63,7 +74,7 @@ def fold_weights(graph: Graph, made: dict[tuple, tuple[Node, np.ndarray]] | None
     for n in nodes:
         if id(n) in whole:
             chosen[id(n)] = _rounded(n, _value(n, graph, values))
-    made = {} if made is None else made  # identical results share one weight
+    made = shared.made  # identical results share one weight
     weights = {node.arg: array for node, array in made.values()}
     new: dict[int, Node] = {}
     for n in nodes:
@@ -108,10 +119,25 @@ def _concrete(arg: object) -> bool:
     return all(_concrete(a) for a in arg) if isinstance(arg, tuple) else True
 
 
+def _structure(nodes: list[Node], ids: dict[tuple, int]) -> dict[int, int]:
+    """node id -> a number equal for nodes that compute the same value from the same leaves (the
+    copies of a value in two candidates), numbered in ids."""
+    out: dict[int, int] = {}
+    for n in nodes:  # operands first
+        key = (n.op, n.arg, tuple(n.shape), n.dtype, tuple(out[id(s)] for s in n.srcs))
+        try:
+            out[id(n)] = ids.setdefault(key, len(ids))
+        except TypeError:  # an argument that does not hash: numbered apart
+            out[id(n)] = ids.setdefault(("unhashable", id(n)), len(ids))
+    return out
+
+
 def _chosen(graph: Graph, nodes: list[Node], sources: dict[int, dict[str, int]],
-            values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+            values: dict[int, np.ndarray], structure: dict[int, int], known: dict[int, np.ndarray | None]
+            ) -> dict[int, np.ndarray]:
     """The weight-only values to fold, outermost first under each run-time reader: node id -> the
-    array to store (broadcast axes kept at size 1)."""
+    array to store (broadcast axes kept at size 1). known: stored values by structure, computed
+    once for all candidates."""
     roots = [o for o in graph.outputs if id(o) in sources]
     roots += [s for n in nodes if id(n) not in sources for s in n.srcs if id(s) in sources]
     chosen: dict[int, np.ndarray] = {}
@@ -121,10 +147,14 @@ def _chosen(graph: Graph, nodes: list[Node], sources: dict[int, dict[str, int]],
         if id(n) in seen or n.kind == "leaf" or (n.op == "view" and n.srcs[0].kind == "leaf"):
             continue
         seen.add(id(n))
-        stored = _stored(n, _value(n, graph, values))
-        values.clear()  # float64 copies of weights: held for one value at a time
-        if stored.size * n.dtype.itemsize <= FOLD_GROWTH * sum(sources[id(n)].values()) + SLACK_BYTES:
-            chosen[id(n)] = stored
+        key = structure[id(n)]
+        if key not in known:
+            stored = _stored(n, _value(n, graph, values))
+            values.clear()  # float64 copies of weights: held for one value at a time
+            fits = stored.size * n.dtype.itemsize <= FOLD_GROWTH * sum(sources[id(n)].values()) + SLACK_BYTES
+            known[key] = stored if fits else None  # None: too large, its operands are folded instead
+        if known[key] is not None:
+            chosen[id(n)] = known[key]
         else:
             roots.extend(n.srcs)
     return chosen
