@@ -112,7 +112,8 @@ def conv_of(vwin: View, vb: View, vo: View) -> Conv | None:
         return None
     o = oshape[1]
     conv = Conv(n, c, o, ho, wo, sc // wp, wp)
-    if vo != View.make((n, o, ho, wo), (ho * wo, rows, wo, 1)) or min(c, o) < MIN_CHANNELS or conv.t < MIN_TILES:
+    if vo != View.make((n, o, ho, wo), (ho * wo, rows, wo, 1)) or min(c, o) < MIN_CHANNELS or \
+            conv.t < MIN_TILES:
         return None
     return conv
 
