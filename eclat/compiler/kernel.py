@@ -239,6 +239,38 @@ def loads(e: KExpr) -> list[Load | Gather]:
     return [x for x in walk(e) if isinstance(x, (Load, Gather))]
 
 
+def pruned(e: KExpr) -> KExpr:
+    """e without the terms its masks make zero: a load valid nowhere reads 0, and an add of 0 (or of
+    a negated 0) is its other operand. A concatenation split into its parts (a loop in pieces) keeps
+    each part's own terms only."""
+    memo: dict[int, KExpr] = {}
+
+    def zero(x: KExpr) -> bool:
+        return isinstance(x, Const) and x.value == 0
+
+    def go(x: KExpr) -> KExpr:
+        if id(x) in memo:
+            return memo[id(x)]
+        out = x
+        if isinstance(x, Load) and x.valid == Num(0):
+            out = Const(0, x.dtype)
+        elif isinstance(x, Op) and x.op in ("add", "neg") and x.dtype.is_float:
+            srcs = tuple(go(s) for s in x.srcs)
+            live = [s for s in srcs if not zero(s)]
+            if not live:
+                out = Const(0, x.dtype)
+            elif x.op == "add" and len(live) == 1:
+                out = live[0]
+            elif any(a is not b for a, b in zip(srcs, x.srcs)):
+                out = Op(x.op, srcs, x.dtype)
+        elif isinstance(x, Op):
+            srcs = tuple(go(s) for s in x.srcs)
+            out = Op(x.op, srcs, x.dtype) if any(a is not b for a, b in zip(srcs, x.srcs)) else x
+        memo[id(x)] = out
+        return out
+    return go(e)
+
+
 def rewrite(e: KExpr, nodes: dict[KExpr, KExpr] | None = None,
             index: Callable[[Expr], Expr] | None = None) -> KExpr:
     """e rebuilt with each subexpression found in nodes replaced by its value, and index applied

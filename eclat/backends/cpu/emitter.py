@@ -37,6 +37,7 @@ from ...compiler.kernel import (
     free_vars,
     loads,
     mentioned_sizes,
+    pruned,
     reduces,
     rewrite,
     walk,
@@ -303,7 +304,8 @@ class KernelEmitter:
         out = []
         for lo, stop in zip(sorted(cuts), sorted(cuts)[1:]):
             nv = Var(var, lo, stop - 1)
-            piece = rewrite(body, index=lambda x, nv=nv: map_vars(x, lambda v: nv if v.name == var else v))
+            narrowed = lambda v, nv=nv: nv if v.name == var else v  # noqa: E731
+            piece = pruned(rewrite(body, index=lambda x, narrowed=narrowed: map_vars(x, narrowed)))
             if any(variables(a) == {var} for e in _masks(piece) for a in conjuncts(e)):
                 return whole  # a mask the ranges did not fold
             out.append((lo, stop - 1, piece))
@@ -315,7 +317,7 @@ class KernelEmitter:
         for j in range(self.k.shape[-1]):
             with self.scope.nested():
                 fixed = lambda v, j=j: Num(j) if v.name == last else v  # noqa: E731
-                at = rewrite(body, index=lambda x, fixed=fixed: map_vars(x, fixed))
+                at = pruned(rewrite(body, index=lambda x, fixed=fixed: map_vars(x, fixed)))
                 self.scope.bind(last, i64(j))
                 self.hoist(reduces(at))
                 self.store(self.k.out, ravel(vars_, self.k.shape), self.emit(at), at.dtype)
