@@ -134,3 +134,28 @@ def test_a_weight_per_batch_index_is_packed_at_compile_time():
         (got,) = exe.run([x])
         np.testing.assert_allclose(got, np.matmul(x, f.transpose(0, 2, 1)), rtol=1e-4, atol=1e-4)
         assert any(name.startswith("pack:") for name in exe.module.packed), "the weight was not packed"
+
+
+def test_an_artifact_of_a_winograd_program_loads_and_runs(tmp_path):
+    from eclat.compiler.artifact import save_artifact
+
+    torch.manual_seed(0)
+    model = _ConvBlock(16, 16).eval()
+    x = torch.randn(1, 16, 14, 14)
+    compiled = eclat.compile(model, (x,), autotune="none", threads=1, quiet=True)
+    assert any("winograd" in k.name for k in compiled.executable.program.kernels)
+    path = str(tmp_path / "model.eclat")
+    save_artifact(compiled, path)
+    loaded = eclat.load(path)
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_winograd_program_on_two_threads():
+    torch.manual_seed(0)
+    model = _ConvBlock(24, 32, bias=True).eval()
+    x = torch.randn(2, 24, 17, 13)
+    compiled = eclat.compile(model, (x,), autotune="none", threads=2, quiet=True)
+    assert any("winograd" in k.name for k in compiled.executable.program.kernels)
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-4)
