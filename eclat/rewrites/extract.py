@@ -32,7 +32,7 @@ from ..ir.dtypes import DType
 from ..ir.graph import Node
 from ..ir.symbolic import Expr, as_int
 from ..ir.view import View
-from .fold import EVAL_LIMIT, FOLD_GROWTH, SLACK_BYTES
+from .fold import EVAL_LIMIT, worth_storing
 from .fusion import overlap
 from .lang import CTORS, SAME_SHAPE
 
@@ -151,8 +151,8 @@ def _type_of(node: tuple, kids: list, attrs: list) -> tuple[tuple, DType]:
 
 def folds(data: EGraphData, attrs: list) -> set[int]:
     """The nodes eclat.rewrites.fold would compute at compile time were they extracted: weight-only,
-    not a leaf nor a view of one, and storing (broadcast axes once) at most SLACK_BYTES more than the
-    weights they read. Per class, the bytes of weights read and the values stored are the least any
+    not a leaf nor a view of one, and storing (broadcast axes once) no more than `fold.worth_storing`
+    allows for the weights they read. Per class, the bytes of weights read and the values stored are the least any
     of its weight-only nodes needs (a lower bound for the stored values of elementwise ops)."""
     const = _constant_classes(data, attrs)
     reads: dict[int, float] = {}   # const class -> bytes of the weights it reads
@@ -200,7 +200,7 @@ def folds(data: EGraphData, attrs: list) -> set[int]:
             continue
         shape, dtype = data.info[c]
         if all(as_int(d) is not None for d in shape) and numel(shape) <= EVAL_LIMIT \
-                and got[1] * dtype.itemsize <= FOLD_GROWTH * got[0] + SLACK_BYTES:
+                and worth_storing(got[1] * dtype.itemsize, got[0]):
             out.add(n)
     return out
 

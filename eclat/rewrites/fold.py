@@ -40,6 +40,11 @@ from ..ir.view import View
 
 SLACK_BYTES = 4096  # a fold may exceed the weights it reads by this (a small table made from iota)
 FOLD_GROWTH = 2  # and store up to this many times their bytes (a Winograd filter: 16 taps for 9)
+
+
+def worth_storing(stored_bytes: float, read_bytes: float) -> bool:
+    """Whether a folded value of stored_bytes, made from weights of read_bytes, is worth storing."""
+    return stored_bytes <= FOLD_GROWTH * read_bytes + SLACK_BYTES
 EVAL_LIMIT = 1 << 24  # elements of one value the interpreter may build here
 NAME_SOURCES = 3  # weights named in a folded weight's name, at most
 
@@ -151,7 +156,7 @@ def _chosen(graph: Graph, nodes: list[Node], sources: dict[int, dict[str, int]],
         if key not in known:
             stored = _stored(n, _value(n, graph, values))
             values.clear()  # float64 copies of weights: held for one value at a time
-            fits = stored.size * n.dtype.itemsize <= FOLD_GROWTH * sum(sources[id(n)].values()) + SLACK_BYTES
+            fits = worth_storing(stored.size * n.dtype.itemsize, sum(sources[id(n)].values()))
             known[key] = stored if fits else None  # None: too large, its operands are folded instead
         if known[key] is not None:
             chosen[id(n)] = known[key]
