@@ -152,8 +152,8 @@ def _type_of(node: tuple, kids: list, attrs: list) -> tuple[tuple, DType]:
 def folds(data: EGraphData, attrs: list) -> set[int]:
     """The nodes eclat.rewrites.fold would compute at compile time were they extracted: weight-only,
     not a leaf nor a view of one, and storing (broadcast axes once) no more than `fold.worth_storing`
-    allows for the weights they read. Per class, the bytes of weights read and the values stored are the least any
-    of its weight-only nodes needs (a lower bound for the stored values of elementwise ops)."""
+    allows for the weights they read. Per class, the bytes of weights read and the values stored are
+    the least any of its weight-only nodes needs (a lower bound for the stored values of elementwise ops)."""
     const = _constant_classes(data, attrs)
     reads: dict[int, float] = {}   # const class -> bytes of the weights it reads
     stored: dict[int, float] = {}  # const class -> elements it stores
