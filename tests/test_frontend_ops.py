@@ -274,6 +274,11 @@ CASES: list[Case] = [
       _name="depthwise-stride2-5x5-odd"),
     C(CONV, rn(2, 2, 9, 10), rn(2, 1, 3, 2), None, [1, 3], [1, 0], [1, 1], False, [0, 0], 2,
       _name="depthwise-stride3-fewer-taps"),
+    # split into phase planes: padding past a stride, uneven strides, a phase with no taps
+    C(CONV, rn(2, 3, 12, 10), rn(3, 1, 7, 7), rn(3), [2, 3], [3, 3], [1, 1], False, [0, 0], 3,
+      _name="depthwise-phases-7x7-pad3-batch"),
+    C(CONV, rn(1, 2, 8, 9), rn(2, 1, 1, 2), None, [2, 2], [0, 1], [1, 1], False, [0, 0], 2,
+      _name="depthwise-phases-1x2"),
     C(CONV, rn(1, 3, 8), rn(3, 1, 3), rn(3), [1], [1], [1], False, [0], 3, _name="depthwise-1d"),
     C(CONV, rn(1, 2, 4, 5, 4), rn(2, 1, 3, 3, 3), None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False,
       [0, 0, 0], 2, _name="depthwise-3d"),

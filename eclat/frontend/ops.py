@@ -7,6 +7,7 @@ dtype as torch computed them) and the op's arguments with FX nodes replaced by I
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -459,8 +460,10 @@ def _depthwise(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: S
     nd = len(ks)
     o = w.shape[0]
     spatial = [as_int(d) for d in x.shape[2:]]
-    flat = nd == 2 and all(s == 1 for s in stride) and None not in spatial and \
-        all(as_int(d) is not None for d in outs)
+    static = nd == 2 and None not in spatial and all(as_int(d) is not None for d in outs)
+    if static and any(s > 1 for s in stride) and all(d == 1 for d in dilation):
+        return _depthwise_phases(x, w, bias, ks, stride, padding, [as_int(d) for d in outs])
+    flat = static and all(s == 1 for s in stride)
     if not flat:
         win = _windows(x, ks, stride, padding, dilation, outs, 0.0)
     else:
@@ -483,6 +486,48 @@ def _depthwise(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: S
         out = P.reshape(g.contiguous(out), (x.shape[0], o, *outs[:-1], width))
         out = g.movement(out, lambda v: v.slice(len(v.shape) - 1, 0, outs[-1]))
     return out
+
+
+def _depthwise_phases(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: Sequence[int],
+                      padding: Sequence[int], outs: Sequence[int]) -> Node:
+    """A strided 2-d depthwise convolution as stride-1 ones over the input's phases: one copy splits
+    the input into its stride x stride phase planes (rows p, p+s, ..; columns q, q+s, ..), each with
+    the padding in front that its first tap reads, and the filter's taps that fall on plane (p, q)
+    read it at consecutive offsets. Every window then reads unit-stride runs, laid on the planes'
+    full width as the stride-1 form lays them (positions one flat axis; the columns past the
+    output's computed and dropped), where the strided windows read every s-th element."""
+    n, c = x.shape[:2]
+    size = [-(-as_int(d) // s) * s for d, s in zip(x.shape[2:], stride)]  # multiples of the stride
+    if size != [as_int(d) for d in x.shape[2:]]:  # a copy with zeros after: phases of one length
+        ends = [(0, m - as_int(d)) for m, d in zip(size, x.shape[2:])]
+        x = g.contiguous(g.movement(x, lambda v: v.pad([(0, 0), (0, 0), *ends])))
+    front = [-(-pad // s) for pad, s in zip(padding, stride)]  # rows of padding a plane starts with
+    # per axis, per phase with taps: (phase, plane offset of its first tap, that tap, number of taps)
+    taps = [[(p, (t0 - pad - p) // s + f, t0, len(range(t0, k, s)))
+             for p in range(s) for t0 in [(p + pad) % s] if t0 < k]
+            for k, s, pad, f in zip(ks, stride, padding, front)]
+    reach = [max(at + t - 1 for _, at, _, t in axis) for axis in taps]  # the farthest tap's offset
+    data = [m // s for m, s in zip(size, stride)]
+    lengths = (max(front[0] + data[0], outs[0] + reach[0] + 1),  # + a row the flat windows read past
+               max(front[1] + data[1], outs[1] + reach[1]))
+    (sh, sw), width = stride, lengths[1]
+    planes = P.permute(P.reshape(x, (n, c, data[0], sh, data[1], sw)), [0, 1, 3, 5, 2, 4])
+    pads = [(f, m - f - d) for f, m, d in zip(front, lengths, data)]
+    planes = g.contiguous(g.movement(planes, lambda v: v.pad([(0, 0)] * 4 + pads)))
+    cs = View.contiguous(planes.shape).strides
+    o, out = w.shape[0], None
+    for (p, ra, ta, a), (q, rb, tb, b) in itertools.product(*taps):
+        win = g.view(planes, View.make((n, c, outs[0] * width, a, b), (cs[0], cs[1], 1, width, 1),
+                                       offset=p * cs[2] + q * cs[3] + ra * width + rb))
+        filt = g.movement(w, lambda v, ta=ta, tb=tb, a=a, b=b: v.slice(2, ta, ta + sh * (a - 1) + 1, sh)
+                          .slice(3, tb, tb + sw * (b - 1) + 1, sw))
+        part = g.binary("mul", g.expand_to(P.reshape(filt, (1, o, 1, a, b)), win.shape), win)
+        part = g.reduce("sum", g.reduce("sum", part, 4), 3)
+        out = part if out is None else P.add(out, part)
+    if bias is not None:
+        out = P.add(out, P.reshape(bias, (o, 1)))
+    out = P.reshape(g.contiguous(out), (n, c, outs[0], width))
+    return g.movement(out, lambda v: v.slice(3, 0, outs[1]))
 
 
 def _conv_transpose(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence[int],
