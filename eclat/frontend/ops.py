@@ -7,6 +7,7 @@ dtype as torch computed them) and the op's arguments with FX nodes replaced by I
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -490,35 +491,12 @@ def _depthwise(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: S
 
 def _depthwise_phases(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: Sequence[int],
                       padding: Sequence[int], outs: Sequence[int]) -> Node:
-    """A strided 2-d depthwise convolution as stride-1 ones over the input's phases: one copy splits
-    the input into its stride x stride phase planes (rows p, p+s, ..; columns q, q+s, ..), each with
-    the padding in front that its first tap reads, and the filter's taps that fall on plane (p, q)
-    read it at consecutive offsets. Every window then reads unit-stride runs, laid on the planes'
-    full width as the stride-1 form lays them (positions one flat axis; the columns past the
-    output's computed and dropped), where the strided windows read every s-th element."""
-    n, c = x.shape[:2]
-    size = [-(-as_int(d) // s) * s for d, s in zip(x.shape[2:], stride)]  # multiples of the stride
-    if size != [as_int(d) for d in x.shape[2:]]:  # a copy with zeros after: phases of one length
-        ends = [(0, m - as_int(d)) for m, d in zip(size, x.shape[2:])]
-        x = g.contiguous(g.movement(x, lambda v: v.pad([(0, 0), (0, 0), *ends])))
-    front = [-(-pad // s) for pad, s in zip(padding, stride)]  # rows of padding a plane starts with
-    # per axis, per phase with taps: (phase, plane offset of its first tap, that tap, number of taps)
-    taps = [[(p, (t0 - pad - p) // s + f, t0, len(range(t0, k, s)))
-             for p in range(s) for t0 in [(p + pad) % s] if t0 < k]
-            for k, s, pad, f in zip(ks, stride, padding, front)]
-    reach = [max(at + t - 1 for _, at, _, t in axis) for axis in taps]  # the farthest tap's offset
-    data = [m // s for m, s in zip(size, stride)]
-    lengths = (max(front[0] + data[0], outs[0] + reach[0] + 1),  # + a row the flat windows read past
-               max(front[1] + data[1], outs[1] + reach[1]))
-    (sh, sw), width = stride, lengths[1]
-    planes = P.permute(P.reshape(x, (n, c, data[0], sh, data[1], sw)), [0, 1, 3, 5, 2, 4])
-    pads = [(f, m - f - d) for f, m, d in zip(front, lengths, data)]
-    planes = g.contiguous(g.movement(planes, lambda v: v.pad([(0, 0)] * 4 + pads)))
-    cs = View.contiguous(planes.shape).strides
-    o, out = w.shape[0], None
-    for (p, ra, ta, a), (q, rb, tb, b) in itertools.product(*taps):
-        win = g.view(planes, View.make((n, c, outs[0] * width, a, b), (cs[0], cs[1], 1, width, 1),
-                                       offset=p * cs[2] + q * cs[3] + ra * width + rb))
+    """A strided 2-d depthwise convolution as a sum of stride-1 ones over the input's phase planes
+    (`_phase_windows`), each plane's filter the taps that fall on it."""
+    (sh, sw), o = stride, w.shape[0]
+    windows, finish = _phase_windows(x, ks, stride, padding, outs, 0.0)
+    out = None
+    for win, (ta, a), (tb, b) in windows:
         filt = g.movement(w, lambda v, ta=ta, tb=tb, a=a, b=b: v.slice(2, ta, ta + sh * (a - 1) + 1, sh)
                           .slice(3, tb, tb + sw * (b - 1) + 1, sw))
         part = g.binary("mul", g.expand_to(P.reshape(filt, (1, o, 1, a, b)), win.shape), win)
@@ -526,8 +504,47 @@ def _depthwise_phases(x: Node, w: Node, bias: Node | None, ks: Sequence[int], st
         out = part if out is None else P.add(out, part)
     if bias is not None:
         out = P.add(out, P.reshape(bias, (o, 1)))
-    out = P.reshape(g.contiguous(out), (n, c, outs[0], width))
-    return g.movement(out, lambda v: v.slice(3, 0, outs[1]))
+    return finish(out)
+
+
+def _phase_windows(x: Node, ks: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                   outs: Sequence[int], fill: float) -> tuple[list[tuple[Node, tuple, tuple]], Callable]:
+    """Strided 2-d windows over x [.., H, W] as stride-1 ones over its phase planes: one copy
+    splits x into its stride x stride planes (rows p, p+s, ..; columns q, q+s, ..), each padded
+    with `fill` as far as its taps read, and the taps that fall on plane (p, q) read it at
+    consecutive offsets. Every window then reads unit-stride runs, laid on the planes' full
+    width as the stride-1 depthwise form lays them (positions one flat axis; the columns past
+    the output's computed and dropped), where strided windows read every s-th element. Returns
+    ([.., positions, a, b] windows with the (first tap, taps) of each axis they cover, and the
+    function that turns a result over [.., positions] into [.., *outs])."""
+    lead, nl = tuple(x.shape[:-2]), len(x.shape) - 2
+    front = [-(-pad // s) for pad, s in zip(padding, stride)]  # rows of padding a plane starts with
+    # per axis, per phase with taps: (phase, plane offset of its first tap, that tap, number of taps)
+    taps = [[(p, (t0 - pad - p) // s + f, t0, len(range(t0, k, s)))
+             for p in range(s) for t0 in [(p + pad) % s] if t0 < k]
+            for k, s, pad, f in zip(ks, stride, padding, front)]
+    reach = [max(at + t - 1 for _, at, _, t in axis) for axis in taps]  # the farthest tap's offset
+    sizes = [as_int(d) for d in x.shape[-2:]]
+    lengths = (max(front[0] + -(-sizes[0] // stride[0]), outs[0] + reach[0] + 1),  # + a row read past
+               max(front[1] + -(-sizes[1] // stride[1]), outs[1] + reach[1]))
+    (sh, sw), width = stride, lengths[1]
+    planes = None  # [.., sh, sw, rows, width]: the planes as a concatenation, one copy
+    for p, q in itertools.product(range(sh), range(sw)):
+        plane = g.movement(x, lambda v, p=p, q=q: v.slice(-2, p, sizes[0], sh).slice(-1, q, sizes[1], sw))
+        plane = _padded(plane, [(f, m - f - d) for f, m, d in zip(front, lengths, plane.shape[-2:])], fill)
+        at = [(0, 0)] * nl + [(p, sh - 1 - p), (q, sw - 1 - q), (0, 0), (0, 0)]  # its place among them
+        plane = g.movement(P.reshape(plane, (*lead, 1, 1, *lengths)), lambda v, at=at: v.pad(at))
+        planes = plane if planes is None else P.add(planes, plane)  # zeros outside each part
+    planes = g.contiguous(planes)
+    cs = View.contiguous(planes.shape).strides
+    windows = [(g.view(planes, View.make((*lead, outs[0] * width, a, b), (*cs[:nl], 1, width, 1),
+                                         offset=p * cs[nl] + q * cs[nl + 1] + ra * width + rb)),
+                (ta, a), (tb, b)) for (p, ra, ta, a), (q, rb, tb, b) in itertools.product(*taps)]
+
+    def finish(out: Node) -> Node:
+        out = P.reshape(g.contiguous(out), (*lead, outs[0], width))
+        return g.movement(out, lambda v: v.slice(-1, 0, outs[1]))
+    return windows, finish
 
 
 def _conv_transpose(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence[int],
@@ -563,16 +580,20 @@ def _place_every(x: Node, axis: int, step: int) -> Node:
 def _padded_contiguous(x: Node, pads: Sequence[tuple[int, int]], fill: float) -> Node:
     """x with pads on its trailing axes filled with `fill`, as a fresh (non-view) node,
     so that strided window views can be laid directly on it."""
-    lead = len(x.shape) - len(pads)
-    full = [(0, 0)] * lead + list(pads)
-    if any(b or a for b, a in full):
-        padded = g.movement(x, lambda v: v.pad(full))
-        if fill != 0:
-            ones = g.expand_to(g.const(True, DType.bool), x.shape)
-            inside = g.movement(ones, lambda v: v.pad(full))
-            padded = P.where(inside, padded, P.lift(fill, x.dtype))
-        return g.contiguous(padded)
+    if any(b or a for b, a in pads):
+        return g.contiguous(_padded(x, pads, fill))
     return g.contiguous(x) if x.op == "view" else x
+
+
+def _padded(x: Node, pads: Sequence[tuple[int, int]], fill: float) -> Node:
+    """x with pads on its trailing axes filled with `fill` (a view where the fill is zero)."""
+    full = [(0, 0)] * (len(x.shape) - len(pads)) + list(pads)
+    padded = g.movement(x, lambda v: v.pad(full))
+    if fill != 0:
+        ones = g.expand_to(g.const(True, DType.bool), x.shape)
+        inside = g.movement(ones, lambda v: v.pad(full))
+        padded = P.where(inside, padded, P.lift(fill, x.dtype))
+    return padded
 
 
 def _windows(x: Node, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
@@ -608,7 +629,13 @@ def _pool_args(kernel, stride, padding, dilation=1) -> tuple[list[int], ...]:
 def _max_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, dilation=1, ceil_mode=False
               ) -> tuple[Node, Unavailable]:
     k, s, p, d = _pool_args(kernel, stride, padding, dilation)
-    win = _windows(x, k, s, p, d, ctx.out_shape[-len(k):], -math.inf, ceil_mode)
+    outs = ctx.out_shape[-len(k):]
+    if len(k) == 2 and any(n > 1 for n in s) and d == [1, 1] and \
+            None not in [as_int(n) for n in (*x.shape[-2:], *outs)]:
+        windows, finish = _phase_windows(x, k, s, p, [as_int(n) for n in outs], -math.inf)
+        parts = [P.reduce("max_reduce", win, [-2, -1]) for win, _, _ in windows]
+        return finish(functools.reduce(P.maximum, parts)), Unavailable("max-pooling indices")
+    win = _windows(x, k, s, p, d, outs, -math.inf, ceil_mode)
     out = P.reduce("max_reduce", win, list(range(-len(k), 0)))
     return out, Unavailable("max-pooling indices")
 
