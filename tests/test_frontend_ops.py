@@ -300,7 +300,7 @@ CASES: list[Case] = [
     C(aten.max_pool2d_with_indices.default, rn(1, 3, 11, 12), [3, 3], [2, 2], [1, 1], _name="stride2-pad"),
     C(aten.max_pool2d_with_indices.default, rn(1, 2, 7, 9), [1, 1], [2, 3], _name="one-tap-stride3"),
     C(aten.max_pool2d_with_indices.default, -pos(3, 11, 10), [3, 3], [2, 2], [1, 1], [1, 1], True,
-      _name="unbatched-phases-ceil"),  # over phase planes: padding and the overhang read as -inf
+      _name="unbatched-ceil"),  # padding and the overhang read as -inf
     C(aten.max_pool3d_with_indices.default, rn(1, 2, 4, 4, 4), [2, 2, 2]),
     C(aten.avg_pool2d.default, rn(2, 3, 8, 8), [2, 2]),
     C(aten.avg_pool2d.default, rn(1, 2, 9, 7), [3, 3], [2, 2], [1, 1], True, True, _name="ceil-include-pad"),

@@ -7,7 +7,6 @@ dtype as torch computed them) and the op's arguments with FX nodes replaced by I
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import operator
@@ -494,7 +493,7 @@ def _depthwise_phases(x: Node, w: Node, bias: Node | None, ks: Sequence[int], st
     """A strided 2-d depthwise convolution as a sum of stride-1 ones over the input's phase planes
     (`_phase_windows`), each plane's filter the taps that fall on it."""
     (sh, sw), o = stride, w.shape[0]
-    windows, finish = _phase_windows(x, ks, stride, padding, outs, 0.0)
+    windows, finish = _phase_windows(x, ks, stride, padding, outs)
     out = None
     for win, (ta, a), (tb, b) in windows:
         filt = g.movement(w, lambda v, ta=ta, tb=tb, a=a, b=b: v.slice(2, ta, ta + sh * (a - 1) + 1, sh)
@@ -508,16 +507,18 @@ def _depthwise_phases(x: Node, w: Node, bias: Node | None, ks: Sequence[int], st
 
 
 def _phase_windows(x: Node, ks: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-                   outs: Sequence[int], fill: float) -> tuple[list[tuple[Node, tuple, tuple]], Callable]:
+                   outs: Sequence[int]) -> tuple[list[tuple[Node, tuple, tuple]], Callable]:
     """Strided 2-d windows over x [.., H, W] as stride-1 ones over its phase planes: one copy
     splits x into its stride x stride planes (rows p, p+s, ..; columns q, q+s, ..), each padded
-    with `fill` as far as its taps read, and the taps that fall on plane (p, q) read it at
+    with zeros as far as its taps read, and the taps that fall on plane (p, q) read it at
     consecutive offsets. Every window then reads unit-stride runs, laid on the planes' full
     width as the stride-1 depthwise form lays them (positions one flat axis; the columns past
     the output's computed and dropped), where strided windows read every s-th element. Returns
     ([.., positions, a, b] windows with the (first tap, taps) of each axis they cover, and the
     function that turns a result over [.., positions] into [.., *outs])."""
     lead, nl = tuple(x.shape[:-2]), len(x.shape) - 2
+    if x.op not in ("input", "weight", "contiguous"):  # computed once, not inlined into each plane
+        x = g.contiguous(x)
     front = [-(-pad // s) for pad, s in zip(padding, stride)]  # rows of padding a plane starts with
     # per axis, per phase with taps: (phase, plane offset of its first tap, that tap, number of taps)
     taps = [[(p, (t0 - pad - p) // s + f, t0, len(range(t0, k, s)))
@@ -531,7 +532,7 @@ def _phase_windows(x: Node, ks: Sequence[int], stride: Sequence[int], padding: S
     planes = None  # [.., sh, sw, rows, width]: the planes as a concatenation, one copy
     for p, q in itertools.product(range(sh), range(sw)):
         plane = g.movement(x, lambda v, p=p, q=q: v.slice(-2, p, sizes[0], sh).slice(-1, q, sizes[1], sw))
-        plane = _padded(plane, [(f, m - f - d) for f, m, d in zip(front, lengths, plane.shape[-2:])], fill)
+        plane = _padded(plane, [(f, m - f - d) for f, m, d in zip(front, lengths, plane.shape[-2:])], 0.0)
         at = [(0, 0)] * nl + [(p, sh - 1 - p), (q, sw - 1 - q), (0, 0), (0, 0)]  # its place among them
         plane = g.movement(P.reshape(plane, (*lead, 1, 1, *lengths)), lambda v, at=at: v.pad(at))
         planes = plane if planes is None else P.add(planes, plane)  # zeros outside each part
@@ -629,13 +630,7 @@ def _pool_args(kernel, stride, padding, dilation=1) -> tuple[list[int], ...]:
 def _max_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, dilation=1, ceil_mode=False
               ) -> tuple[Node, Unavailable]:
     k, s, p, d = _pool_args(kernel, stride, padding, dilation)
-    outs = ctx.out_shape[-len(k):]
-    if len(k) == 2 and any(n > 1 for n in s) and d == [1, 1] and \
-            None not in [as_int(n) for n in (*x.shape[-2:], *outs)]:
-        windows, finish = _phase_windows(x, k, s, p, [as_int(n) for n in outs], -math.inf)
-        parts = [P.reduce("max_reduce", win, [-2, -1]) for win, _, _ in windows]
-        return finish(functools.reduce(P.maximum, parts)), Unavailable("max-pooling indices")
-    win = _windows(x, k, s, p, d, outs, -math.inf, ceil_mode)
+    win = _windows(x, k, s, p, d, ctx.out_shape[-len(k):], -math.inf, ceil_mode)
     out = P.reduce("max_reduce", win, list(range(-len(k), 0)))
     return out, Unavailable("max-pooling indices")
 
