@@ -490,33 +490,13 @@ def _depthwise(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: S
 
 def _depthwise_phases(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: Sequence[int],
                       padding: Sequence[int], outs: Sequence[int]) -> Node:
-    """A strided 2-d depthwise convolution as a sum of stride-1 ones over the input's phase planes
-    (`_phase_windows`), each plane's filter the taps that fall on it."""
-    (sh, sw), o = stride, w.shape[0]
-    windows, finish = _phase_windows(x, ks, stride, padding, outs)
-    out = None
-    for win, (ta, a), (tb, b) in windows:
-        filt = g.movement(w, lambda v, ta=ta, tb=tb, a=a, b=b: v.slice(2, ta, ta + sh * (a - 1) + 1, sh)
-                          .slice(3, tb, tb + sw * (b - 1) + 1, sw))
-        part = g.binary("mul", g.expand_to(P.reshape(filt, (1, o, 1, a, b)), win.shape), win)
-        part = g.reduce("sum", g.reduce("sum", part, 4), 3)
-        out = part if out is None else P.add(out, part)
-    if bias is not None:
-        out = P.add(out, P.reshape(bias, (o, 1)))
-    return finish(out)
-
-
-def _phase_windows(x: Node, ks: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-                   outs: Sequence[int]) -> tuple[list[tuple[Node, tuple, tuple]], Callable]:
-    """Strided 2-d windows over x [.., H, W] as stride-1 ones over its phase planes: one copy
-    splits x into its stride x stride planes (rows p, p+s, ..; columns q, q+s, ..), each padded
-    with zeros as far as its taps read, and the taps that fall on plane (p, q) read it at
-    consecutive offsets. Every window then reads unit-stride runs, laid on the planes' full
-    width as the stride-1 depthwise form lays them (positions one flat axis; the columns past
-    the output's computed and dropped), where strided windows read every s-th element. Returns
-    ([.., positions, a, b] windows with the (first tap, taps) of each axis they cover, and the
-    function that turns a result over [.., positions] into [.., *outs])."""
-    lead, nl = tuple(x.shape[:-2]), len(x.shape) - 2
+    """A strided 2-d depthwise convolution as a sum of stride-1 ones over the input's phase planes:
+    one copy splits x into its stride x stride planes (rows p, p+s, ..; columns q, q+s, ..), each
+    padded with zeros as far as its taps read, and the filter's taps that fall on plane (p, q) read
+    it at consecutive offsets. Every tap then reads unit-stride runs where strided windows read
+    every s-th element; the windows are laid on the planes' full width as the stride-1 form lays
+    them (positions one flat axis, the columns past the output's computed and dropped)."""
+    (n, o), (sh, sw) = x.shape[:2], stride
     if x.op not in ("input", "weight", "contiguous"):  # computed once, not inlined into each plane
         x = g.contiguous(x)
     front = [-(-pad // s) for pad, s in zip(padding, stride)]  # rows of padding a plane starts with
@@ -525,27 +505,32 @@ def _phase_windows(x: Node, ks: Sequence[int], stride: Sequence[int], padding: S
              for p in range(s) for t0 in [(p + pad) % s] if t0 < k]
             for k, s, pad, f in zip(ks, stride, padding, front)]
     reach = [max(at + t - 1 for _, at, _, t in axis) for axis in taps]  # the farthest tap's offset
-    sizes = [as_int(d) for d in x.shape[-2:]]
-    lengths = (max(front[0] + -(-sizes[0] // stride[0]), outs[0] + reach[0] + 1),  # + a row read past
-               max(front[1] + -(-sizes[1] // stride[1]), outs[1] + reach[1]))
-    (sh, sw), width = stride, lengths[1]
-    planes = None  # [.., sh, sw, rows, width]: the planes as a concatenation, one copy
+    sizes = [as_int(d) for d in x.shape[2:]]
+    lengths = (max(front[0] + -(-sizes[0] // sh), outs[0] + reach[0] + 1),  # + a row read past
+               max(front[1] + -(-sizes[1] // sw), outs[1] + reach[1]))
+    width = lengths[1]
+    planes = None  # [N, C, sh, sw, rows, width]: the planes as a concatenation, one copy
     for p, q in itertools.product(range(sh), range(sw)):
-        plane = g.movement(x, lambda v, p=p, q=q: v.slice(-2, p, sizes[0], sh).slice(-1, q, sizes[1], sw))
-        plane = _padded(plane, [(f, m - f - d) for f, m, d in zip(front, lengths, plane.shape[-2:])], 0.0)
-        at = [(0, 0)] * nl + [(p, sh - 1 - p), (q, sw - 1 - q), (0, 0), (0, 0)]  # its place among them
-        plane = g.movement(P.reshape(plane, (*lead, 1, 1, *lengths)), lambda v, at=at: v.pad(at))
+        plane = g.movement(x, lambda v, p=p, q=q: v.slice(2, p, sizes[0], sh).slice(3, q, sizes[1], sw))
+        plane = _padded(plane, [(f, m - f - d) for f, m, d in zip(front, lengths, plane.shape[2:])], 0.0)
+        at = [(0, 0), (0, 0), (p, sh - 1 - p), (q, sw - 1 - q), (0, 0), (0, 0)]  # its place among them
+        plane = g.movement(P.reshape(plane, (n, o, 1, 1, *lengths)), lambda v, at=at: v.pad(at))
         planes = plane if planes is None else P.add(planes, plane)  # zeros outside each part
     planes = g.contiguous(planes)
     cs = View.contiguous(planes.shape).strides
-    windows = [(g.view(planes, View.make((*lead, outs[0] * width, a, b), (*cs[:nl], 1, width, 1),
-                                         offset=p * cs[nl] + q * cs[nl + 1] + ra * width + rb)),
-                (ta, a), (tb, b)) for (p, ra, ta, a), (q, rb, tb, b) in itertools.product(*taps)]
-
-    def finish(out: Node) -> Node:
-        out = P.reshape(g.contiguous(out), (*lead, outs[0], width))
-        return g.movement(out, lambda v: v.slice(-1, 0, outs[1]))
-    return windows, finish
+    out = None
+    for (p, ra, ta, a), (q, rb, tb, b) in itertools.product(*taps):
+        win = g.view(planes, View.make((n, o, outs[0] * width, a, b), (cs[0], cs[1], 1, width, 1),
+                                       offset=p * cs[2] + q * cs[3] + ra * width + rb))
+        filt = g.movement(w, lambda v, ta=ta, tb=tb, a=a, b=b: v.slice(2, ta, ta + sh * (a - 1) + 1, sh)
+                          .slice(3, tb, tb + sw * (b - 1) + 1, sw))
+        part = g.binary("mul", g.expand_to(P.reshape(filt, (1, o, 1, a, b)), win.shape), win)
+        part = g.reduce("sum", g.reduce("sum", part, 4), 3)
+        out = part if out is None else P.add(out, part)
+    if bias is not None:
+        out = P.add(out, P.reshape(bias, (o, 1)))
+    out = P.reshape(g.contiguous(out), (n, o, outs[0], width))
+    return g.movement(out, lambda v: v.slice(3, 0, outs[1]))
 
 
 def _conv_transpose(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence[int],
