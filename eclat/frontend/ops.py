@@ -615,7 +615,15 @@ def _pool_args(kernel, stride, padding, dilation=1) -> tuple[list[int], ...]:
 def _max_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, dilation=1, ceil_mode=False
               ) -> tuple[Node, Unavailable]:
     k, s, p, d = _pool_args(kernel, stride, padding, dilation)
-    win = _windows(x, k, s, p, d, ctx.out_shape[-len(k):], -math.inf, ceil_mode)
+    outs = ctx.out_shape[-len(k):]
+    # separable: the maxima along rows kept, then maxima of those down columns; a k x k window reads
+    # k + k values, not k * k (and an activation fused into the first pass runs once per value)
+    if len(k) == 2 and min(k) > 1 and as_int(outs[0]) is not None:
+        rows = (as_int(outs[0]) - 1) * s[0] + d[0] * (k[0] - 1) + 1  # padded rows the windows read
+        across = _windows(x, [1, k[1]], [1, s[1]], p, [1, d[1]], [rows, outs[1]], -math.inf, ceil_mode)
+        x, p = g.contiguous(P.reduce("max_reduce", across, [-2, -1])), [0, 0]
+        k, s, d = [k[0], 1], [s[0], 1], [d[0], 1]
+    win = _windows(x, k, s, p, d, outs, -math.inf, ceil_mode)
     out = P.reduce("max_reduce", win, list(range(-len(k), 0)))
     return out, Unavailable("max-pooling indices")
 
