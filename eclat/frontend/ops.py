@@ -482,10 +482,15 @@ def _depthwise(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: S
         out = g.reduce("sum", out, len(out.shape) - 1)
     if bias is not None:
         out = P.add(out, P.reshape(bias, (o,) + (1,) * (len(out.shape) - 2)))
-    if flat:  # a kernel of its own: inlined into a reader of the slice, rows are short again
-        out = P.reshape(g.contiguous(out), (x.shape[0], o, *outs[:-1], width))
-        out = g.movement(out, lambda v: v.slice(len(v.shape) - 1, 0, outs[-1]))
-    return out
+    return _full_width_rows(out, (x.shape[0], o, *outs), width) if flat else out
+
+
+def _full_width_rows(out: Node, shape: Sequence[sint], width: int) -> Node:
+    """out [N, C, rows * width], computed on rows of the padded width, as `shape` (its last axis
+    the first columns of each row): a kernel of its own, since a reader of the slice inlining it
+    would run rows short again."""
+    out = P.reshape(g.contiguous(out), (*shape[:-1], width))
+    return g.movement(out, lambda v: v.slice(len(v.shape) - 1, 0, shape[-1]))
 
 
 def _depthwise_phases(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: Sequence[int],
@@ -529,8 +534,7 @@ def _depthwise_phases(x: Node, w: Node, bias: Node | None, ks: Sequence[int], st
         out = part if out is None else P.add(out, part)
     if bias is not None:
         out = P.add(out, P.reshape(bias, (o, 1)))
-    out = P.reshape(g.contiguous(out), (n, o, outs[0], width))
-    return g.movement(out, lambda v: v.slice(3, 0, outs[1]))
+    return _full_width_rows(out, (n, o, *outs), width)
 
 
 def _conv_transpose(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence[int],
