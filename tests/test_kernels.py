@@ -4,6 +4,7 @@ against the numpy interpreter."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -13,7 +14,7 @@ from eclat.backends.cpu.contraction import contraction_of
 from eclat.backends.cpu.runtime import CpuExecutable
 from eclat.backends.cpu.schedules import default_schedule, schedule_space
 from eclat.compiler.group import group
-from eclat.compiler.kernel import Reduce, as_contraction, flops, walk
+from eclat.compiler.kernel import Reduce, Schedule, as_contraction, flops, walk
 from eclat.compiler.memplan import plan_memory
 from eclat.ir import graph as G
 from eclat.ir.dtypes import DType
@@ -334,6 +335,25 @@ def test_matmul_tile_edges(m, k, n, weight):
                     {"b": bw, "bias": rand(n)})
     program = check(graph, [rand(m, k)] if weight else [rand(m, k), bw], rtol=1e-4, atol=1e-5)
     assert n == 1 or any(as_contraction(kern) is not None for kern in program.kernels)
+
+
+@pytest.mark.parametrize("m", [5, 17, 64])
+def test_rows_of_a_packed_weight_prefetch_the_next_panel(m):
+    """Over several row blocks each block brings its share of the next packed panel into L2
+    (prefetch locality 2); a single block streams its own panel ahead (locality 3). The last
+    panel's prefetches run past the weight's end: harmless, and the values are checked."""
+    k, n = 96, 70  # 70 columns: a partial last panel
+    bw = rand(k, n)
+    a = G.input_("a", (m, k))
+    graph = G.Graph([a], [matmul(a, G.weight("b", bw, DType.float32))], {"b": bw})
+    program = group(graph)
+    program.kernels = [replace(kern, schedule=Schedule(tile=(8, 32))) for kern in program.kernels]
+    exe = CpuExecutable(program, 1)
+    a_data = rand(m, k)
+    np.testing.assert_allclose(exe.run([a_data])[0], run(graph, [a_data])[0], rtol=1e-4, atol=1e-5)
+    prefetches = re.findall(r"call void @llvm\.prefetch\.p0\(ptr %[^,]+, i32 0, i32 (\d), i32 1\)",
+                            exe.module.text())
+    assert set(prefetches) == ({"3"} if m <= 8 else {"2"})
 
 
 @pytest.mark.parametrize("cache", ["input", "weight"])

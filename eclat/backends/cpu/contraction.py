@@ -215,6 +215,7 @@ class ContractionEmitter(KernelEmitter):
         panels = (to_expr(n_size) + (nr - 1)) // nr
         most_blocks = -(-upper(m_size) // mr)
         self.streaming = most_blocks == 1  # each packed weight is read once per call
+        self.blocks, self.block = most_blocks, None  # row blocks per panel; the current one's number
         batch = [a for a in range(len(shape)) if a not in (c.m_axis, c.n_axis)]
         tile = self.b.alloca(F32, size=mr * nr)
         vt = ir.VectorType(F32, lanes)
@@ -237,6 +238,8 @@ class ContractionEmitter(KernelEmitter):
             if mr == 1:
                 sets = max(1, min(ACCUMULATOR_CHAINS // nv, (host.vector_registers() - 1) // nv - 1))
             full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), self.sym(n_size))
+            if self.pack_name and not self.streaming and self.scratch is None:
+                self.block = bb.sdiv(m0, i64(mr))
 
             def kstep(kv: ir.Value, accs: list[ir.Value], steps=None, sums: bool = False) -> list[ir.Value]:
                 """accs += a x b over the steps of k (its own, or `steps`), and the rows' sums of a
@@ -420,7 +423,10 @@ class ContractionEmitter(KernelEmitter):
             base = bb.mul(bb.add(bb.mul(p, i64(c.reduce.size)), kv), i64(nr))
             item = np.dtype(self.packed[self.pack_name].dtype).itemsize
             if self.streaming:
-                self._prefetch(self.ptr[self.pack_name], bb.mul(base, i64(item)), nr * item)
+                self._prefetch(self.ptr[self.pack_name], bb.add(bb.mul(base, i64(item)), i64(PREFETCH_BYTES)),
+                               nr * item)
+            elif self.block is not None and not into_scratch:
+                self._prefetch_next_panel(base, kv, nr, item)
             return [self._decoded(bb.add(base, i64(v * lanes)), vt) for v in range(nv)]
         if not unit:
             return self._b_scalar(c, n0, nr, vt)
@@ -460,7 +466,7 @@ class ContractionEmitter(KernelEmitter):
         k0 = bb.mul(kv, i64(2))
         base = bb.mul(bb.add(bb.mul(p, i64(kk // 2)), kv), i64(nr))  # bytes: k0 low nibbles, k0 + 1 high
         if self.streaming:
-            self._prefetch(self.ptr[self.pack_name], base, nr)
+            self._prefetch(self.ptr[self.pack_name], self.b.add(base, i64(PREFETCH_BYTES)), nr)
         row = bb.mul(bb.add(bb.mul(p, i64(kk // self.group)), bb.sdiv(k0, i64(self.group))), i64(nr))
         iv = ir.VectorType(I32, lanes)
         low, high = (ir.Constant(iv, [m] * lanes) for m in (15, 4))
@@ -517,16 +523,27 @@ class ContractionEmitter(KernelEmitter):
             return bb.bitcast(bb.shl(bb.zext(half, iv), ir.Constant(iv, [16] * lanes)), vt)
         return bb.sitofp(self._vector(self.pack_name, at, I8, ir.VectorType(I8, lanes)), vt)
 
-    def _prefetch(self, ptr: ir.Value, at: ir.Value, row_bytes: int) -> None:
-        """Touch the packed stream PREFETCH_BYTES ahead of byte `at`, one prefetch per cache line of
-        the row: a kernel that reads each weight once (few rows) waits on DRAM, and the hardware
-        prefetcher alone keeps too few lines in flight. (A distance in bytes, whatever the lanes.)"""
+    def _prefetch(self, ptr: ir.Value, at: ir.Value, size: int, locality: int = 3) -> None:
+        """Touch the cache lines of `size` bytes from byte `at` (locality 3: into L1, 2: into L2).
+        A kernel that reads each weight once (few rows) reads its packed stream PREFETCH_BYTES
+        ahead: it waits on DRAM, and the hardware prefetcher alone keeps too few lines in flight."""
         bb = self.b
         fn = self.mod.globals.get("llvm.prefetch.p0") or ir.Function(
             self.mod, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]), "llvm.prefetch.p0")
-        for line in range(0, row_bytes, CACHE_LINE):
-            where = bb.gep(ptr, [bb.add(at, i64(PREFETCH_BYTES + line))], source_etype=I8)
-            bb.call(fn, [where, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        for line in range(0, size, CACHE_LINE):
+            where = bb.gep(ptr, [bb.add(at, i64(line))], source_etype=I8)
+            bb.call(fn, [where, ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1)])
+
+    def _prefetch_next_panel(self, base: ir.Value, kv: ir.Value, nr: int, item: int) -> None:
+        """Bring the next packed panel into L2 while this one is computed: each of the panel's row
+        blocks touches its own share of it, spread over its steps of k. Without this, the first
+        row block of every panel waits on DRAM: over 64 rows, a GEMM whose weight is not in cache
+        ran at 0.70x of its in-cache speed (AVX-512 Xeon), 0.85-0.9x with it."""
+        bb, blocks = self.b, self.blocks
+        kk, row = self.sym(self.contraction.reduce.size), nr * item
+        start = bb.mul(bb.add(bb.sub(base, bb.mul(kv, i64(nr))), bb.mul(kk, i64(nr))), i64(item))
+        share = bb.sdiv(bb.mul(bb.add(bb.mul(self.block, kk), kv), i64(row)), i64(blocks))
+        self._prefetch(self.ptr[self.pack_name], bb.add(start, share), -(-row // blocks), locality=2)
 
     def _b_columns(self, c: Contraction, n0: ir.Value, nr: int, n_size: sint) -> list[ir.Value]:
         """The right operand at columns n0 .. n0+NR-1 (clamped to the last column)."""
