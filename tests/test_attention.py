@@ -245,6 +245,35 @@ def test_one_kernel_over_run_time_numbers_of_queries_and_keys(monkeypatch, state
         np.testing.assert_allclose(compiled(*args).numpy(), model(*args).numpy(), rtol=1e-4, atol=2e-5)
 
 
+class CausalAtPosition(torch.nn.Module):
+    """A static cache's attention: the queries sit at `position` onwards (a run-time input), every
+    key of the cache is read, the causal mask hides those past each query."""
+
+    def forward(self, q, k, v, position):
+        i = torch.arange(q.shape[-2])[:, None] + position
+        j = torch.arange(k.shape[-2])[None, :]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return torch.softmax(scores.masked_fill(j > i, -math.inf), -1) @ v
+
+
+def test_a_mask_known_at_run_time_skips_the_blocks_it_hides(monkeypatch):
+    """The mask is built from a run-time position, so no constant table says which key blocks it
+    hides: the kernel fills one per call before the heads run and skips the dead blocks. Positions
+    where most blocks are dead, none are, and every key is hidden (torch gives NaN rows)."""
+    filled = []
+    fill = AttentionEmitter._fill_mask_table
+    monkeypatch.setattr(AttentionEmitter, "_fill_mask_table", lambda self: filled.append(1) or fill(self))
+    model = CausalAtPosition().eval()
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, H, 9, D), torch.randn(1, H, 300, D), torch.randn(1, H, 300, D)
+    compiled = eclat.compile(model, (q, k, v, torch.tensor([0])), autotune="none", quiet=True, k=1)
+    assert _attention_kernels(compiled) and filled
+    for position in (0, 7, 130, 291, -20):
+        args = (q, k, v, torch.tensor([position]))
+        np.testing.assert_allclose(np.asarray(compiled(*args)), model(*args).numpy(), rtol=1e-4, atol=2e-5,
+                                   equal_nan=True)
+
+
 @pytest.mark.parametrize("d", [4, 64])
 def test_an_attention_the_cpu_would_run_as_loops_is_not_offered_to_the_search(d):
     """Values narrower than a vector (4 floats) leave the CPU's attention kernel out: the fused

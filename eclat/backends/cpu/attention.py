@@ -21,7 +21,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from ...compiler.group import ravel
-from ...compiler.kernel import Attention, Buffer, Kernel, Load, Op, axis_vars, free_vars
+from ...compiler.kernel import Attention, Buffer, Const, Kernel, KExpr, Load, Op, axis_vars, free_vars, walk
 from ...ir.dtypes import DType
 from ...ir.symbolic import Num, Var, evaluate, terms, upper
 from ..derived import derived
@@ -34,6 +34,7 @@ ROWS = 6  # query rows per micro-kernel block (x 2 vectors: 12 accumulator regis
 SCRATCH_FLOATS = 8192  # a block of keys, transposed: d x BJ floats (32 KB: L1)
 STATE_ROWS = 4092  # query rows in flight, their running max and sum on the stack (32 KB); ROWS divides it
 MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
+MASK_TABLE = 1 << 16  # entries of a run-time mask's table (on the stack)
 
 
 def attention_parts(att: Attention | None, kernel: Kernel, lanes: int) -> tuple[Load, Load] | None:
@@ -91,6 +92,7 @@ class AttentionEmitter(KernelEmitter):
         self.live = self._live_blocks() if fixed else None
         if self.live is not None:
             self.arg_names.append(self.live)
+        self.mask = self._run_time_mask() if self.live is None else None
 
     def _live_blocks(self) -> str | None:
         """A table, per head, block of ROWS query rows and block of keys, of whether any score in
@@ -137,6 +139,62 @@ class AttentionEmitter(KernelEmitter):
         self.used.add(name)
         return name
 
+    def _run_time_mask(self) -> KExpr | None:
+        """The part of x that can hide a score when it is only known at run time (a causal mask
+        built from the cache's positions): an addend of x that reads no score and holds a -inf
+        constant, or, where x is where(c, -inf, the score's term) (or the other way round), -inf
+        where it hides. It must not depend on the heads (the liveness table it fills is shared by
+        them) and the table must be small (MASK_TABLE)."""
+        x, score = self.att.x, self.att.score
+        inf = Const(-math.inf, DType.float32)
+
+        def scoreless(e: KExpr) -> bool:
+            return all(n is not score and n != score for n in walk(e))
+        candidates: list[KExpr] = []
+        if isinstance(x, Op) and x.op in ("add", "fma"):
+            candidates = [a for a in (x.srcs[2:] if x.op == "fma" else x.srcs) if scoreless(a)]
+        elif isinstance(x, Op) and x.op == "where" and inf in x.srcs[1:] and scoreless(x.srcs[0]):
+            zero = Const(0.0, DType.float32)
+            candidates = [Op("where", (x.srcs[0], *((inf, zero) if x.srcs[1] == inf else (zero, inf))),
+                             DType.float32)]
+        heads = {self.vars_[a].name for a in self.heads if self.k.shape[a] != 1}
+        blocks = -(-upper(self.n_rows) // ROWS) * -(-upper(self.att.size) // self.bj)
+        for m in candidates:
+            if inf in walk(m) and not free_vars(m) & heads and blocks <= MASK_TABLE:
+                return m
+        return None
+
+    def _fill_mask_table(self) -> None:
+        """live[row block, key block] = whether the run-time mask lets any score of the block
+        through (not -inf: a NaN mask counts as live), before the heads run."""
+        b, bj = self.b, self.bj
+        rows, keys = self.sym(self.n_rows), self.sym(self.att.size)
+        self.n_jb = -(-upper(self.att.size) // bj)
+        self.table = b.alloca(I8, size=-(-upper(self.n_rows) // ROWS) * self.n_jb)
+        for a in self.heads:  # axes of one position (a decode's single query)
+            if self.k.shape[a] == 1:
+                self.scope.bind(self.vars_[a].name, i64(0))
+        inf = ir.Constant(F32, -math.inf)
+        last = lambda first, n, limit: b.select(b.icmp_signed("<", b.add(first, n), limit),
+                                                b.add(first, n), b.sub(limit, i64(1)))
+
+        def row_block(rb: ir.Value, _a: list) -> list:
+            def key_block(jb: ir.Value, _b: list) -> list:
+                def row(r: ir.Value, acc: list) -> list:
+                    self._bind_row(last(b.mul(rb, i64(ROWS)), r, rows))
+
+                    def key(jj: ir.Value, acc2: list) -> list:
+                        self.scope.bind(self.att.var.name, last(b.mul(jb, i64(bj)), jj, keys))
+                        seen = b.zext(b.fcmp_unordered("!=", self.emit(self.mask), inf), I8)
+                        return [b.or_(acc2[0], seen)]
+                    return self.loop(i64(0), i64(bj), acc, key)
+                (flag,) = self.loop(i64(0), i64(ROWS), [ir.Constant(I8, 0)], row, hint=False)
+                b.store(flag, b.gep(self.table, [b.add(b.mul(rb, i64(self.n_jb)), jb)], source_etype=I8))
+                return []
+            self.loop(i64(0), b.sdiv(b.add(keys, i64(bj - 1)), i64(bj)), [], key_block, hint=False)
+            return []
+        self.loop(i64(0), b.sdiv(b.add(rows, i64(ROWS - 1)), i64(ROWS)), [], row_block, hint=False)
+
     def key(self) -> str:
         return f"{super().key()}|live:{self.live is not None}"  # the table is an argument of the code
 
@@ -155,6 +213,9 @@ class AttentionEmitter(KernelEmitter):
         self.m = b.alloca(F32, size=min(upper(self.n_rows), STATE_ROWS))
         self.l = b.alloca(F32, size=min(upper(self.n_rows), STATE_ROWS))
         self.first = i64(0)  # the first row of the rows in flight (the state's row 0)
+        if self.mask is not None:
+            with self.scope.nested():
+                self._fill_mask_table()
 
         def level(d: int, i: ir.Value, _a: list) -> list:
             self.scope.bind(self.vars_[heads[d]].name, i)
@@ -251,10 +312,16 @@ class AttentionEmitter(KernelEmitter):
 
     def _live(self, r0: ir.Value, jb: ir.Value, nr: int, j0: ir.Value, nb: ir.Value) -> None:
         """_rows, unless the live-block table says the mask hides the block throughout."""
+        b = self.b
+        if self.mask is not None:
+            at = b.add(b.mul(b.sdiv(r0, i64(ROWS)), i64(self.n_jb)), jb)
+            flag = b.load(b.gep(self.table, [at], source_etype=I8), typ=I8)
+            with b.if_then(b.icmp_signed("!=", flag, ir.Constant(I8, 0))):
+                self._rows(r0, nr, j0, nb)
+            return
         if self.live is None:
             self._rows(r0, nr, j0, nb)
             return
-        b = self.b
         n_rb, n_jb = -(-self.n_rows // ROWS), -(-self.att.size // self.bj)
         head = self.sym(ravel([self.vars_[a] for a in self.heads], [self.k.shape[a] for a in self.heads]))
         at = b.add(b.mul(b.add(b.mul(head, i64(n_rb)), b.sdiv(r0, i64(ROWS))), i64(n_jb)), jb)
