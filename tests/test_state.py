@@ -62,6 +62,33 @@ def test_a_row_cache_is_updated_in_place_call_after_call():
     np.testing.assert_allclose(cache, twin.cache.numpy(), rtol=1e-5, atol=1e-6)
     compiled.reset_states()
     assert not cache.any() and int(compiled.states["calls"]) == 0
+    with pytest.raises(ValueError, match="4 inputs .states included., given 2"):  # not a crash
+        compiled.executable.profile([x.numpy(), pos.numpy()])
+
+
+def test_updating_the_states_alone_skips_the_outputs_kernels(monkeypatch):
+    """update_states runs the kernels the states' updates need and none that only the model's
+    outputs need (a softmax over the cache here): the states end as after full calls."""
+    from eclat.backends.cpu import runtime
+
+    model, twin = _pair(RowCache)
+    x, pos = torch.randn(1, 2, 2, 4), torch.tensor([0, 1])
+    compiled = eclat.compile(model, (x, pos), autotune="none", quiet=True)
+    ran = []
+    kernels_for = runtime.NativeRun._kernels_for
+    monkeypatch.setattr(runtime.NativeRun, "_kernels_for",
+                        lambda self, wanted: ran.append(wanted) or kernels_for(self, wanted))
+    for step in range(3):
+        x, pos = torch.randn(1, 2, 2, 4), torch.tensor([2 * step, 2 * step + 1])
+        with torch.no_grad():
+            twin(x, pos)
+        assert compiled.update_states(x, pos) is None
+    np.testing.assert_allclose(compiled.states["cache"], twin.cache.numpy(), rtol=1e-5, atol=1e-6)
+    assert int(compiled.states["calls"]) == 3
+    program = compiled.executable.program
+    assert ran and len(kernels_for(compiled.executable, ran[0])) < len(program.kernels)
+    with pytest.raises(ValueError, match="no states"):
+        eclat.compile(torch.nn.Linear(4, 4), (x,), autotune="none", quiet=True).update_states(x)
 
 
 def test_compiling_does_not_touch_the_models_own_buffers():

@@ -55,11 +55,15 @@ class CompiledModel:
         into them in place; calls take turns, since each sees the state the last one left."""
         lock = threading.Lock()
         taken = sum(s.outputs for s in self.state_specs)
+        program = getattr(self.executable, "program", None)
+        total = len(program.outputs) if program is not None else None
 
-        def stateful(args: list[np.ndarray]) -> list[np.ndarray]:
+        def stateful(args: list[np.ndarray], states_only: bool = False) -> list[np.ndarray]:
+            """states_only: the model's own outputs are not needed (their kernels may be skipped)."""
+            wanted = range(total - taken, total) if states_only and total is not None else None
             with lock:  # self.states may be replaced: two programs of one model share theirs
                 arrays = [self.states[s.name] for s in self.state_specs]
-                outs = run(list(args) + arrays)
+                outs = run(list(args) + arrays, wanted)
                 updates = iter(outs[len(outs) - taken:])
                 for s, state in zip(self.state_specs, arrays):
                     if s.axis is None:
@@ -69,6 +73,18 @@ class CompiledModel:
                         state[(slice(None),) * s.axis + (index,)] = values
             return outs[:len(outs) - taken]
         return stateful
+
+    def update_states(self, *args: Any) -> None:
+        """Run for the states' updates alone (arguments as for a call): the kernels that only the
+        model's outputs need are skipped, as a prompt's chunks before its last need no logits."""
+        if not self.state_specs:
+            raise ValueError("this model has no states (buffers it updates) to update")
+        flat = list(args) if self._plain(args) else \
+            [self._array(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, self._flat(args)))]
+        if self._sized:
+            bind_sizes([s.shape for s in self.inputs], [a.shape for a in flat],
+                       [f"input {k} ({s.name})" for k, s in enumerate(self.inputs)])
+        self._execute(flat, states_only=True)
 
     def __call__(self, *args: Any) -> Any:
         if self._plain(args):  # the common call, checked in one pass: a tenth of a small model's time
@@ -196,7 +212,7 @@ def _values_checked(specs: list[InputSpec], run: Callable[[list[np.ndarray]], li
     ranges = [(k, s, *s.index_range) for k, s in enumerate(specs) if s.index_range]
     divisors = [(k, s) for k, s in enumerate(specs) if s.divisor]
 
-    def checked(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def checked(arrays: list[np.ndarray], *rest: Any, **options: Any) -> list[np.ndarray]:
         for k, spec, low, high in ranges:
             a = arrays[k]
             if a.size and (a.min() < low or a.max() >= high):
@@ -206,14 +222,14 @@ def _values_checked(specs: list[InputSpec], run: Callable[[list[np.ndarray]], li
         for k, spec in divisors:
             if not arrays[k].all():
                 raise ZeroDivisionError(f"input {k} ({spec.name}) divides integers and holds a zero")
-        return run(arrays)
+        return run(arrays, *rest, **options)
     return checked
 
 
 def _one_at_a_time(executable: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     lock = threading.Lock()
 
-    def locked(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        with lock:
+    def locked(arrays: list[np.ndarray], wanted: Any = None) -> list[np.ndarray]:
+        with lock:  # the whole program runs: `wanted` (some outputs only) is the CPU's
             return executable.run(arrays)
     return locked

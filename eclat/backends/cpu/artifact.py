@@ -121,7 +121,7 @@ def load(program: Program, native: dict[str, Any], art: Any) -> Any:
     address = engine.get_function_address("eclat_run")
     if not address:
         raise ArtifactError(f"{art.path}: the compiled code has no entry point eclat_run")
-    native = NativeRun(program, plan, slots, address, owner=engine)
+    native = NativeRun(program, plan, slots, address, owner=engine, address_of=engine.get_function_address)
     native.loaded_from = loaded_from
     return native
 

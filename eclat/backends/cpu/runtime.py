@@ -5,11 +5,12 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...compiler.kernel import Program, Schedule
+from ...compiler.kernel import Program, Schedule, loads
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...ir.symbolic import bind_sizes, evaluate
 from .codegen import build_module
@@ -48,10 +49,13 @@ class NativeRun:
     reentrant = True  # CompiledModel need not make calls take turns
 
     def __init__(self, program: Program, plan: MemoryPlan, slot_names: list[str], address: int,
-                 owner: object = None):
+                 owner: object = None, address_of: Callable[[str], int] | None = None):
+        """address: of eclat_run; address_of(name): of another entry point (eclat_kernel_<j>)."""
         self.program, self.plan = program, plan
         self._owner = owner  # what holds the machine code at address (an execution engine), kept alive
         self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+        self._address_of = address_of
+        self._subsets: dict[tuple[int, ...], list] = {}  # outputs wanted -> the kernels that compute them
         self._index = {name: j for j, name in enumerate(slot_names)}
         self._weights: dict[int, np.ndarray] = {}  # slot -> data, bound in every call's slots
         self._no_data: list[int] = []  # slots nothing reads: pointed at the arena, a valid address
@@ -119,17 +123,41 @@ class NativeRun:
             outs.append(o)
         return outs
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, inputs: list[np.ndarray], wanted: Sequence[int] | None = None) -> list[np.ndarray | None]:
+        """The outputs; with `wanted` (output numbers), only the kernels those outputs depend on
+        run (one call each), and the other outputs are None."""
+        kernels = None if wanted is None else self._kernels_for(tuple(sorted(wanted)))
         try:
             state = self._free.pop()  # atomic under the GIL, as is append
         except IndexError:  # every state is in use by another thread's call
             state = self._state()
         try:
             outs = self._bind(state, inputs)
-            self._fn(state.address)
+            if kernels is None:
+                self._fn(state.address)
+            else:
+                for fn in kernels:
+                    fn(state.address)
         finally:
             self._free.append(state)
-        return outs
+        return outs if wanted is None else [o if j in wanted else None for j, o in enumerate(outs)]
+
+    def _kernels_for(self, wanted: tuple[int, ...]) -> list:
+        """The entry points of the kernels the outputs `wanted` depend on, in program order."""
+        if wanted not in self._subsets:
+            if self._address_of is None:
+                raise ValueError("this executable runs whole programs only")
+            needed = {self.program.outputs[j] for j in wanted}
+            order = []
+            for j in range(len(self.program.kernels) - 1, -1, -1):
+                k = self.program.kernels[j]
+                if k.out in needed or any(side.out in needed for side in k.sides):
+                    order.append(j)
+                    bodies = (k.body, *(side.body for side in k.sides))
+                    needed |= {x.buffer for body in bodies for x in loads(body)}
+            kind = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+            self._subsets[wanted] = [kind(self._address_of(f"eclat_kernel_{j}")) for j in reversed(order)]
+        return self._subsets[wanted]
 
 
 def _digest(a: np.ndarray) -> tuple:
@@ -166,10 +194,14 @@ class CpuExecutable(NativeRun):
         code, plan = layout(program)  # what runs; program is what reports and artifacts see
         self.module = build_module(code, plan, threads, lanes)
         self.jit = Jitted(self.module.ir, self.module.kernels)
-        super().__init__(program, plan, self.module.slot_names, self.jit.address("eclat_run"))
+        super().__init__(program, plan, self.module.slot_names, self.jit.address("eclat_run"),
+                         address_of=self.jit.address)
 
     def profile(self, inputs: list[np.ndarray], repeats: int = 5) -> list[float]:
         """Median microseconds of each kernel alone, in program order (inputs as for run)."""
+        if len(inputs) != len(self._in_slots):  # a missing pointer would crash the native code
+            raise ValueError(f"profile takes the program's {len(self._in_slots)} inputs (states included), "
+                             f"given {len(inputs)}")
         state = self._state()
         keep = self._bind(state, inputs)
         self._fn(state.address)  # every temporary holds real values
