@@ -274,6 +274,46 @@ def test_a_mask_known_at_run_time_skips_the_blocks_it_hides(monkeypatch):
                                    equal_nan=True)
 
 
+class GroupedCache(torch.nn.Module):
+    """A static cache of 2 key/value heads, updated at the call's positions and read by 4 query
+    heads (keys repeated per head as transformers' repeat_kv writes it), causally masked."""
+
+    def __init__(self, length: int = 40):
+        super().__init__()
+        self.register_buffer("k_cache", torch.zeros(1, 2, length, D))
+        self.register_buffer("v_cache", torch.zeros(1, 2, length, D))
+
+    def forward(self, q, k, v, positions):
+        self.k_cache.index_copy_(2, positions, k)
+        self.v_cache.index_copy_(2, positions, v)
+        length = self.k_cache.shape[2]
+        keys, values = (c[:, :, None].expand(1, 2, 2, length, D).reshape(1, 4, length, D)
+                        for c in (self.k_cache, self.v_cache))
+        hidden = torch.arange(length)[None, :] > positions[:, None]
+        scores = (q @ keys.transpose(-1, -2) / math.sqrt(D)).masked_fill(hidden, -math.inf)
+        return torch.softmax(scores, -1) @ values
+
+
+def test_keys_repeated_from_an_updated_cache_are_read_from_a_buffer():
+    """The repeated keys are read through the repeat from the updated cache, which is computed into
+    a buffer of its own: inlined, its update (a gather over the new rows) ran inside the
+    attention's loops, which the CPU then ran as plain loops, 100x slower."""
+    from eclat.backends.cpu.attention import attention_parts
+
+    torch.manual_seed(4)
+    model, twin = GroupedCache().eval(), GroupedCache().eval()
+    args = lambda at: (torch.randn(1, 4, 6, D), torch.randn(1, 2, 6, D), torch.randn(1, 2, 6, D),
+                       torch.arange(at, at + 6))
+    compiled = eclat.compile(model, args(0), autotune="none", quiet=True, k=1)
+    kernels = _attention_kernels(compiled)
+    assert kernels and all(attention_parts(as_attention(k), k, 8) is not None for k in kernels)
+    for at in (0, 6, 30):
+        call = args(at)
+        with torch.no_grad():
+            want = twin(*call)
+        np.testing.assert_allclose(np.asarray(compiled(*call)), want.numpy(), rtol=1e-4, atol=2e-5)
+
+
 @pytest.mark.parametrize("d", [4, 64])
 def test_an_attention_the_cpu_would_run_as_loops_is_not_offered_to_the_search(d):
     """Values narrower than a vector (4 floats) leave the CPU's attention kernel out: the fused

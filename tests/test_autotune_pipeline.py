@@ -60,6 +60,23 @@ def test_a_fast_search_groups_only_the_candidates_it_may_time(monkeypatch):
     assert len(grouped) == 2 * few["extracted"]  # under the cap: every candidate, both ways
 
 
+def test_a_fast_search_times_each_grouping_at_least_once():
+    """The estimates choose what a fast search times, but each grouping's best estimate is timed
+    even when the other grouping holds every cheaper one: an estimate's blind spot in one grouping
+    must not leave the search only that grouping's programs to choose from."""
+    from eclat.autotune.search import Candidate
+
+    def cands(estimates: list[tuple[float, bool]]) -> list:
+        return [Candidate({"candidate": n, "fused": fused}, us, None)
+                for n, (us, fused) in enumerate(estimates)]
+
+    def chosen(estimates: list[tuple[float, bool]], n: int = 4) -> list[int]:
+        return [c.schedule["candidate"] for c in pipeline._spread(cands(estimates), n)]
+    assert chosen([(5, True), (1, True), (3, True), (4, True), (2, True), (100, False)]) == [1, 4, 2, 5]
+    assert chosen([(1, True), (2, False), (3, True), (4, False), (5, True)]) == [0, 1, 2, 3]
+    assert chosen([(5, False), (1, False)]) == [1, 0]
+
+
 class Affine(torch.nn.Module):
     def __init__(self, seed: int):
         super().__init__()

@@ -337,8 +337,14 @@ def _buffered_operands(p: Node) -> Node:
 
 
 def _buffered(n: Node) -> Node:
-    """n read from a buffer: a leaf, a buffer, or a view of one as it is; else through `contiguous`."""
+    """n read from a buffer: a leaf, a buffer, or a view of one as it is; else through `contiguous`.
+    A copy of a broadcast is read through (`_broadcast_copy`), so the broadcast's own source is
+    made a buffer (a cache's keys repeated per query head: else its update, a gather over the
+    new rows, would run inside the attention's inner loop)."""
     src = n.srcs[0] if n.op == "view" else n
+    if src.op == "contiguous" and _broadcast_copy(src):
+        copy = Node("contiguous", (_buffered(src.srcs[0]),), src.arg, src.shape, src.dtype)
+        return Node("view", (copy,), n.arg, n.shape, n.dtype) if n.op == "view" else copy
     if src.op in ("input", "weight", "const", "contiguous"):
         return n
     copy = Node("contiguous", (src,), None, src.shape, src.dtype)
