@@ -14,7 +14,9 @@ rewrite rules of its own, one schedule per kernel and a device that is always pr
 An Executable has `program` (what it runs) and `run(inputs) -> outputs`: contiguous arrays of the
 program's input shapes and dtypes in (the caller validates), fresh arrays out. It may also have
 `profile(inputs, repeats) -> [us per kernel]` or `time_kernel(name) -> seconds` (the report's
-per-kernel times), `plan` (its memory plan) and `reentrant = True` when calls may overlap.
+per-kernel times), `plan` (its memory plan) and `reentrant = True` when calls may overlap; a
+reentrant executable's `run(inputs, wanted)` computes only the outputs numbered in `wanted` (the
+others None), which `CompiledModel.update_states` asks for.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class CompiledModel:
             wanted = range(total - taken, total) if states_only and total is not None else None
             with lock:  # self.states may be replaced: two programs of one model share theirs
                 arrays = [self.states[s.name] for s in self.state_specs]
-                outs = run(list(args) + arrays, wanted)
+                outs = run(list(args) + arrays) if wanted is None else run(list(args) + arrays, wanted)
                 updates = iter(outs[len(outs) - taken:])
                 for s, state in zip(self.state_specs, arrays):
                     if s.axis is None:
