@@ -149,7 +149,7 @@ class AttentionEmitter(KernelEmitter):
         inf = Const(-math.inf, DType.float32)
 
         def scoreless(e: KExpr) -> bool:
-            return all(n is not score and n != score for n in walk(e))
+            return score not in walk(e)
         candidates: list[KExpr] = []
         if isinstance(x, Op) and x.op in ("add", "fma"):
             candidates = [a for a in (x.srcs[2:] if x.op == "fma" else x.srcs) if scoreless(a)]

@@ -155,9 +155,12 @@ class NativeRun:
                     order.append(j)
                     bodies = (k.body, *(side.body for side in k.sides))
                     needed |= {x.buffer for body in bodies for x in loads(body)}
-            kind = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-            self._subsets[wanted] = [kind(self._address_of(f"eclat_kernel_{j}")) for j in reversed(order)]
+            self._subsets[wanted] = [self._kernel_entry(j) for j in reversed(order)]
         return self._subsets[wanted]
+
+    def _kernel_entry(self, j: int) -> ctypes._CFuncPtr:
+        """The entry point that runs kernel j alone (eclat_kernel_<j>)."""
+        return ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._address_of(f"eclat_kernel_{j}"))
 
 
 def _digest(a: np.ndarray) -> tuple:
@@ -207,7 +210,7 @@ class CpuExecutable(NativeRun):
         self._fn(state.address)  # every temporary holds real values
         times = []
         for j in range(len(self.program.kernels)):
-            fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.jit.address(f"eclat_kernel_{j}"))
+            fn = self._kernel_entry(j)
             samples = []
             for _ in range(repeats):
                 t = time.perf_counter()
