@@ -29,7 +29,10 @@ from .cache import cache_dir as _cache_dir
 CACHE_SCHEMA = 1
 FMA_ACCUMULATORS = 12  # independent FMA chains: enough to cover latency x issue width on x86 and GPUs
 FMA_SECONDS = 0.05  # target duration of one FMA run after calibration
-STREAM_MIN_BYTES = 32 << 20  # per array; at least 4x the last-level cache is used when that is larger
+STREAM_MIN_BYTES = 32 << 20  # per array; at least 4x the last-level cache is used when that is larger,
+# up to STREAM_MAX_BYTES: a server's shared L3 (480 MB) would make the three arrays 6 GB, the peak of a
+# first compile, and one thread's triad measured the same from 64 MB to 1.9 GB per array there
+STREAM_MAX_BYTES = 256 << 20
 REPEATS = 3  # best of REPEATS for each benchmark: other processes only ever make a run slower
 
 
