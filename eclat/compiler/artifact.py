@@ -43,6 +43,7 @@ from .kernel import Buffer, Program, loads, numel_bound
 from .memplan import MemoryPlan
 from .report import CompileReport
 from .specs import InputSpec, structure_tensors
+from .tensorfile import write_tensors
 
 FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
@@ -249,14 +250,34 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
     for b in kept:
         if b.data is None:
             raise ArtifactError(f"cannot save {where}: weight {b.name!r} has no data")
-    from safetensors.numpy import save as st_save
-
-    weights = {b.name: np.ascontiguousarray(b.data, dtype=b.dtype.np).reshape(-1) for b in kept}
-    files[WEIGHTS] = st_save(weights) if weights else b""
+    weights = {b.name: np.asarray(b.data, dtype=b.dtype.np).reshape(-1) for b in kept}
     states = model.state_specs
-    if states:  # their values as compiled (a cache's zeros), not as the last call left them
-        files[STATES] = st_save({s.name: np.array(s.initial, order="C") for s in states})
-    manifest = {
+    # their values as compiled (a cache's zeros), not as the last call left them
+    tensors = {WEIGHTS: weights, **({STATES: {s.name: s.initial for s in states}} if states else {})}
+    tmp = f"{where}.tmp{os.getpid()}"
+    try:
+        with zipfile.ZipFile(tmp, "w") as z:
+            for name, data in files.items():
+                # sources compress well; binaries are read in place
+                z.writestr(name, data, zipfile.ZIP_STORED if name.endswith(BINARY) else zipfile.ZIP_DEFLATED)
+            digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+            digests |= {name: write_tensors(z, name, arrays) for name, arrays in tensors.items()}
+            manifest = _manifest_of(model, program, exe, target_name, native, report, digests)
+            text = json.dumps(manifest, indent=1).encode()
+            z.writestr(MANIFEST, text, zipfile.ZIP_DEFLATED)
+            z.writestr(MANIFEST_DIGEST, hashlib.sha256(text).hexdigest())
+        os.replace(tmp, where)
+    except OSError as e:
+        raise ArtifactError(f"cannot write {where}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _manifest_of(model: Any, program: Program, exe: Any, target_name: str, native: dict[str, Any],
+                 report: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
+    states = model.state_specs
+    return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "eclat_version": eclat_version(),
         "created": time.time(), "target": target_name, "device": native.get("device"),
         "program": encode_program(program),
@@ -267,23 +288,8 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
         "in_structure": model.in_structure,
         "out_spec": _out_spec_text(model.out_spec),
         "report": report,
-        "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+        "sha256": digests,
     }
-    tmp = f"{where}.tmp{os.getpid()}"
-    try:
-        with zipfile.ZipFile(tmp, "w") as z:
-            text = json.dumps(manifest, indent=1).encode()
-            z.writestr(MANIFEST, text, zipfile.ZIP_DEFLATED)
-            z.writestr(MANIFEST_DIGEST, hashlib.sha256(text).hexdigest())
-            for name, data in files.items():
-                # sources compress well; binaries are read in place
-                z.writestr(name, data, zipfile.ZIP_STORED if name.endswith(BINARY) else zipfile.ZIP_DEFLATED)
-        os.replace(tmp, where)
-    except OSError as e:
-        raise ArtifactError(f"cannot write {where}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _out_spec_text(spec: Any) -> str | None:

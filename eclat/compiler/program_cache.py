@@ -19,6 +19,7 @@ import numpy as np
 from ..ir.graph import Graph
 from .encoding import decode_program, encode_program
 from .kernel import Program
+from .tensorfile import write_tensors
 
 PROGRAM_CACHE_BYTES = 2 << 30  # chosen programs kept on disk (with their weights), least recently used out
 
@@ -41,18 +42,15 @@ def write(path: Path, program: Program, tuned: bool, report: dict[str, Any]) -> 
     """Keep the chosen program with the report of the search that chose it (atomically; a cache that
     cannot be written is only slower). The inputs' and outputs' structure is not kept: the next
     compile lowers the model again."""
-    from safetensors.numpy import save
-
-    weights = {b.name: np.ascontiguousarray(b.data) for b in program.buffers.values() if b.data is not None}
+    weights = {b.name: b.data for b in program.buffers.values() if b.data is not None}
     meta = json.dumps({"program": encode_program(program), "tuned": tuned, "report": report}).encode()
-    data = save(weights) if weights else b""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         with zipfile.ZipFile(tmp, "w") as z:
             z.writestr("program.json", meta)
-            z.writestr("weights.safetensors", data)
-            z.writestr("sha256", hashlib.sha256(meta + data).hexdigest())
+            digest = write_tensors(z, "weights.safetensors", weights, hashlib.sha256(meta))
+            z.writestr("sha256", digest)
         os.replace(tmp, path)
         trim(path.parent)
     except (OSError, TypeError, ValueError):
@@ -67,7 +65,9 @@ def read(path: Path, schedule_from: Any) -> tuple[Program, bool, dict[str, Any]]
     try:
         with zipfile.ZipFile(path) as z:
             meta, raw, digest = (z.read(name) for name in ("program.json", "weights.safetensors", "sha256"))
-        if hashlib.sha256(meta + raw).hexdigest() != digest.decode():
+        check = hashlib.sha256(meta)
+        check.update(raw)  # not meta + raw: a copy of the weights
+        if check.hexdigest() != digest.decode():
             return None
         os.utime(path)  # used now: the last to be trimmed
         meta = json.loads(meta)

@@ -1,0 +1,49 @@
+"""Arrays written as a safetensors member of a zip file, streamed: a model's weights are never
+held a second time as one bytes object (the peak of a compile that keeps its result). Any
+safetensors reader loads the member."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import zipfile
+from typing import Any
+
+import numpy as np
+
+CODES = {np.dtype(t): code for t, code in [
+    ("float64", "F64"), ("float32", "F32"), ("float16", "F16"), ("int64", "I64"), ("int32", "I32"),
+    ("int16", "I16"), ("int8", "I8"), ("uint64", "U64"), ("uint32", "U32"), ("uint16", "U16"),
+    ("uint8", "U8"), ("bool", "BOOL")]}
+
+
+def write_tensors(z: zipfile.ZipFile, member: str, arrays: dict[str, np.ndarray],
+                  digest: Any = None) -> str:
+    """Write arrays (any shape, C order on disk) as the safetensors member `member` of z, stored
+    uncompressed (read in place); returns the sha256 of the member's bytes (digest: a hashlib
+    sha256 already fed what precedes them, to hash both)."""
+    header, offset = {}, 0
+    for name, a in arrays.items():
+        if a.dtype not in CODES:
+            raise TypeError(f"{name}: dtype {a.dtype} has no safetensors code")
+        header[name] = {"dtype": CODES[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    h = hashlib.sha256() if digest is None else digest
+    info = zipfile.ZipInfo(member)
+    info.compress_type = zipfile.ZIP_STORED
+    with z.open(info, "w", force_zip64=True) as f:
+        for chunk in (struct.pack("<Q", len(text)), text):
+            f.write(chunk)
+            h.update(chunk)
+        for a in arrays.values():
+            data = memoryview(np.ascontiguousarray(a)).cast("B")  # one array's copy at most, if strided
+            f.write(data)
+            h.update(data)
+    return h.hexdigest()
+
+
+__all__ = ["write_tensors"]
