@@ -124,6 +124,22 @@ def test_autotune_fills_the_tuning_cache(tmp_path, monkeypatch):
         torch.testing.assert_close(second(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
 
 
+def test_a_compiled_model_does_not_see_later_changes_to_the_weights():
+    """The compile reads the model's tensors in place (it holds no second copy while it works), so
+    what the code reads directly (an embedding, a bias) must be copied when it is built."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 8), nn.LayerNorm(8)).eval()
+    x = torch.randint(0, 100, (4,))
+    compiled = eclat.compile(model, (x,), autotune="none", quiet=True)
+    with torch.no_grad():
+        want = model(x).clone()
+        for p in model.parameters():
+            p.mul_(2).add_(1)
+    torch.testing.assert_close(compiled(x), want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(model(x), want)
+
+
 def test_threads_give_the_same_answer():
     model, inputs = ZOO["mlp"](batch=64)
     fast = eclat.compile(model, inputs, autotune="none", k=1, threads=2, quiet=True)

@@ -751,3 +751,27 @@ def test_a_kernel_function_is_emitted_once_per_process(monkeypatch):
     assert emitted == [] and len(program.kernels) >= 1
     np.testing.assert_array_equal(again, first)
     np.testing.assert_allclose(again, run(graph, [xs])[0], rtol=1e-5)
+
+
+def test_packed_forms_are_shared_by_content_and_freed_with_their_last_reader():
+    """Two programs' own copies of one weight (each made its transposed layout) read one packed
+    form; a form no executable holds any more (a tile a search discarded) is not kept."""
+    import gc
+
+    from eclat.backends import derived as cache
+    from eclat.backends.cpu.contraction import packed_panels
+    from eclat.ir.symbolic import Var
+
+    n, k = Var("n"), Var("k")
+    w = np.random.default_rng(0).standard_normal(24 * 40).astype(np.float32)
+    index = n * 40 + k  # w as [24, 40] read transposed: panels over n
+    first = packed_panels(w, index, "n", "k", 24, 40, 16)
+    again = packed_panels(w.copy(), index, "n", "k", 24, 40, 16)
+    assert again[0] is first[0]
+    np.testing.assert_array_equal(first[0].reshape(2, 40, 16)[1, :, :8], w.reshape(24, 40)[16:].T)
+    assert not first[0].reshape(2, 40, 16)[1, :, 8:].any()  # zero past the last column
+    entries = len(cache._DERIVED)
+    del first, again
+    gc.collect()
+    assert len(cache._DERIVED) == entries - 1
+    assert packed_panels(w, index, "n", "k", 24, 40, 32)[0].size == 40 * 32

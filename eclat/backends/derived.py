@@ -1,28 +1,65 @@
-"""Arrays a backend derives from a weight (its packed forms), remembered while the weight lives:
-the candidates of one compile, its tuning builds and its schedule variants share their weights,
-and packing a large one (a language model's output head) costs seconds."""
+"""Arrays a backend derives from a weight (its packed forms), shared while something holds them:
+the candidates of one compile, its tuning builds, its schedule variants and the programs of one
+model (a language model's prefill and decode) share them, and packing a large weight (a language
+model's output head) costs seconds. They are found by the weight's content, so that two programs'
+own copies of one weight (a transposed layout each made) share one packed form. The cache holds
+them weakly: the forms a search tried and discarded (a panel width it did not choose) go with the
+last executable that read them, rather than staying for the whole compile."""
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
 
-_DERIVED: dict[tuple, Any] = {}
+_DERIVED: dict[tuple, tuple[type, list[weakref.ref]]] = {}
+_DIGESTS: dict[tuple, str] = {}  # (the array a view views, the view) -> its content's digest
 
 
 def derived(data: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
-    """make(), computed once per (the array data views, key) while that array lives."""
+    """make() (an array, or a list or tuple of arrays), computed once per (data's values, key)
+    while its result is held elsewhere."""
+    full = (_content(data), data.shape, data.dtype.str, key)
+    held = _DERIVED.get(full)
+    value = _alive(held)
+    if value is _GONE:
+        value = make()
+        parts = [] if value is None else [value] if isinstance(value, np.ndarray) else list(value)
+        entry = _DERIVED[full] = (type(value), [weakref.ref(a) for a in parts])
+        if parts:  # forgotten with the result
+            weakref.finalize(parts[0], lambda: _DERIVED.get(full) is entry and _DERIVED.pop(full))
+    return value
+
+
+def _content(data: np.ndarray) -> str:
+    """A digest of data's values (in C order), computed once per view while the viewed array lives."""
     base = data
     while isinstance(base.base, np.ndarray):  # a view made afresh per candidate: key on what it views
         base = base.base
-    full = (id(base), data.__array_interface__["data"][0], data.shape, data.dtype.str, key)
-    if full not in _DERIVED:
-        _DERIVED[full] = make()
-        weakref.finalize(base, _DERIVED.pop, full, None)  # forgotten with the weight
-    return _DERIVED[full]
+    key = (id(base), data.__array_interface__["data"][0], data.shape, data.strides, data.dtype.str)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = hashlib.blake2b(memoryview(np.ascontiguousarray(data)).cast("B"),
+                                        digest_size=16).hexdigest()
+        weakref.finalize(base, _DIGESTS.pop, key, None)
+    return _DIGESTS[key]
+
+
+_GONE = object()
+
+
+def _alive(held: tuple[type, list[weakref.ref]] | None) -> Any:
+    """The remembered result (the arrays themselves, as make returned them: a caller keeps those, not
+    views of them), or _GONE when there is none or one of its arrays has been freed."""
+    if held is None:
+        return _GONE
+    kind, refs = held
+    parts = [r() for r in refs]
+    if any(a is None for a in parts):
+        return _GONE
+    return None if kind is type(None) else parts[0] if kind is np.ndarray else kind(parts)
 
 
 __all__ = ["derived"]

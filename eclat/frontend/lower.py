@@ -164,7 +164,7 @@ def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list
         dtype = _dtype_or_raise(tensor.dtype, f"weight {spec.target!r}")
         shared = _SHARED_WEIGHTS.get()
         if shared is None or key not in shared:
-            array = _array(tensor.detach(), dtype)
+            array = _weight_view(tensor, dtype)
             if shared is not None:
                 shared[key] = (tensor, array)  # the tensor held, so that its address stays its own
         else:
@@ -190,8 +190,17 @@ def sharing_weights() -> Iterator[None]:
 
 
 def _array(t: torch.Tensor, dtype: DType) -> np.ndarray:
-    """A weight's or state's own copy (bfloat16 widened: numpy has none)."""
-    return (t.float() if dtype is DType.bfloat16 else t).detach().contiguous().numpy().copy()
+    """A state's initial value: its own copy (bfloat16 widened: numpy has none)."""
+    return _weight_view(t, dtype).copy()
+
+
+def _weight_view(t: torch.Tensor, dtype: DType) -> np.ndarray:
+    """A weight as numpy, read-only: the tensor's own memory where it is float32 and contiguous, so
+    that a compile does not hold the model's weights a second time. What a compiled program reads
+    of it directly is copied when the program is built (a later change to the model is not seen)."""
+    view = (t.float() if dtype is DType.bfloat16 else t).detach().contiguous().numpy()
+    view.flags.writeable = False
+    return view
 
 
 def _user_output(spec) -> bool:

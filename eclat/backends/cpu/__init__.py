@@ -76,7 +76,7 @@ class CpuTarget(Target):
         return load(program, native, art)
 
     def optional_weights(self, program: Program) -> set[str]:
-        from .artifact import packed_copies
+        from .codegen import packed_copies
 
         return packed_copies(program)
 

@@ -20,7 +20,7 @@ from ...compiler.kernel import Program
 from ...compiler.memplan import MemoryPlan
 from ...errors import ArtifactError
 from ..target import Section
-from .codegen import PACKED, slots_of
+from .codegen import slots_of
 from .host import cpu_name, features, triple
 from .jit import Jitted, one_thread_warning, target_machine
 from .runtime import NativeRun, layout
@@ -58,13 +58,6 @@ def cpu_layout(program: Program) -> tuple[MemoryPlan, list[str]]:
     load, never taken on trust."""
     code, plan = layout(dataclasses.replace(program, buffers=dict(program.buffers)))  # folding adds buffers
     return plan, slots_of(code)
-
-
-def packed_copies(program: Program) -> set[str]:
-    """Weights the program also holds packed (the CPU backend packs a matmul's constant operand
-    into panels): the code may read only the packed copy, so their own data may be left out."""
-    return {n.removeprefix(PACKED).rsplit("_", 2)[0] for n, b in program.buffers.items()
-            if n.startswith(PACKED) and b.role == "weight"}
 
 
 def _cpu_host() -> dict[str, Any]:

@@ -72,6 +72,13 @@ def slots_of(program: Program) -> list[str]:
     return names + ([SIZES] if program.sizes else []) + ["<arena>"]
 
 
+def packed_copies(program: Program) -> set[str]:
+    """Weights the program also holds packed (a matmul's constant operand in panels): code may read
+    only the packed copy, so their own data need not be held (nor saved in an artifact)."""
+    return {n.removeprefix(PACKED).rsplit("_", 2)[0] for n, b in program.buffers.items()
+            if n.startswith(PACKED) and b.role == "weight"}
+
+
 def emitter(mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer], packed: dict[str, np.ndarray],
             lanes: int, sizes: Sequence[Var] = ()) -> KernelEmitter:
     """The emitter for kernel: the attention or contraction micro-kernels where they apply, else
@@ -197,4 +204,4 @@ def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str],
     b.ret_void()
 
 
-__all__ = ["PACKED", "Module", "build_module", "emitter", "slots_of"]
+__all__ = ["PACKED", "Module", "build_module", "emitter", "packed_copies", "slots_of"]

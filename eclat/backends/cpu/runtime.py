@@ -13,7 +13,8 @@ import numpy as np
 from ...compiler.kernel import Program, Schedule, loads
 from ...compiler.memplan import MemoryPlan, plan_memory
 from ...ir.symbolic import bind_sizes, evaluate
-from .codegen import build_module
+from ..derived import derived
+from .codegen import build_module, packed_copies
 from .emitter import SIZES
 from .jit import Jitted, one_thread_warning
 from .schedules import default_schedule
@@ -27,6 +28,12 @@ def _data(a: np.ndarray) -> int:
         return ctypes.addressof(ctypes.c_char.from_buffer(a))
     except (TypeError, ValueError):
         return a.ctypes.data
+
+
+def _owned(a: np.ndarray) -> np.ndarray:
+    """a, or one copy of it shared by the executables that read it when a is read-only (a view of
+    the model's own tensor, frontend.lower: the compiled code must not see the model change)."""
+    return a if a.flags.writeable else derived(a, "own copy", a.copy)
 
 
 def layout(program: Program) -> tuple[Program, MemoryPlan]:
@@ -65,7 +72,7 @@ class NativeRun:
                                      (buf.numel == 0 or buf.data is None)):
                 self._no_data.append(j)
             elif buf is not None and buf.role == "weight":
-                self._weights[j] = np.ascontiguousarray(buf.data, dtype=buf.dtype.np)
+                self._weights[j] = _owned(np.ascontiguousarray(buf.data, dtype=buf.dtype.np))
         self._free: list[_CallState] = [self._state()]
 
         # per call work precomputed: a model step is a few microseconds of Python, not tens
@@ -196,6 +203,9 @@ class CpuExecutable(NativeRun):
         one_thread_warning(threads)
         code, plan = layout(program)  # what runs; program is what reports and artifacts see
         self.module = build_module(code, plan, threads, lanes)
+        # a weight read only through its packed copy is not held (the model's weights once, not twice)
+        for name in packed_copies(program) - self.module.used:
+            program.buffers[name] = replace(program.buffers[name], data=None)
         self.jit = Jitted(self.module.ir, self.module.kernels)
         super().__init__(program, plan, self.module.slot_names, self.jit.address("eclat_run"),
                          address_of=self.jit.address)

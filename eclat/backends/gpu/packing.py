@@ -29,6 +29,12 @@ from ..derived import derived
 PARTS = (":q", ":s")  # the packed values and their scales, named after the weight
 
 
+def _flat_storage(data: np.ndarray, fmt) -> list[np.ndarray] | None:
+    """storage(data, fmt)'s parts, flat (the arrays the buffers hold, as derived remembers them)."""
+    parts = storage(data, fmt)
+    return None if parts is None else [p.reshape(-1) for p in parts]
+
+
 def pack_weights(program: Program) -> Program:
     """program plus the packed copies of its formatted weights (idempotent: a program that has them,
     e.g. loaded from an artifact, comes back as it is)."""
@@ -38,9 +44,9 @@ def pack_weights(program: Program) -> Program:
             continue
         k, inner = b.along
         data, fmt = np.asarray(b.data, np.float32), FORMATS[b.format]
-        parts = derived(data, ("whole", fmt.name, b.along), partial(storage, data.reshape(-1, k, inner), fmt))
-        for suffix, part in zip(PARTS, parts or ()):
-            flat = part.reshape(-1)
+        whole = data.reshape(-1, k, inner)
+        parts = derived(data, ("whole", fmt.name, b.along), partial(_flat_storage, whole, fmt))
+        for suffix, flat in zip(PARTS, parts or ()):
             buffers[name + suffix] = Buffer(name + suffix, flat.size, from_numpy(flat.dtype), "weight", flat)
     return program if len(buffers) == len(program.buffers) else dataclasses.replace(program, buffers=buffers)
 
