@@ -94,12 +94,12 @@ def test_eight_lanes_keep_the_avx2_tiles(kernels):
     assert gemm_tiles(8, 16) == gemm and gemv_tiles(8, 16) == gemv
     big, small = kernels[64], kernels[1]
     assert default_schedule(big, lanes=8, registers=16) == Schedule(tile=(6, 16))
-    assert default_schedule(small, lanes=8, registers=16) == Schedule(tile=(1, 32))
+    assert default_schedule(small, lanes=8, registers=16) == Schedule(tile=(1, 16))
     space = schedule_space(big, lanes=8, registers=16)
     # the tiles in both orientations: the product's 64 rows can be its vectors' lanes too
     assert [s.tile for s in space if not s.transposed] == gemm
     assert {s.tile for s in space if s.transposed} <= set(gemm + gemv)
-    assert [s.tile for s in schedule_space(small, lanes=8, registers=16)] == [(1, 32), (1, 16), (1, 64)]
+    assert [s.tile for s in schedule_space(small, lanes=8, registers=16)] == [(1, 16), (1, 32), (1, 64)]
     two = schedule_space(big, threads=2, lanes=8, registers=16)
     assert two[0] == Schedule(tile=(6, 16), threads=2) and len(two) == 2 * len(space)
 
@@ -111,7 +111,7 @@ def test_tiles_are_whole_vectors_that_fit_the_registers(kernels, lanes, register
     assert len(gemm_tiles(lanes, registers)) == 8 and len(gemv_tiles(lanes, registers)) == 3
     base = default_schedule(kernels[64], lanes=lanes, registers=registers)
     assert base.tile == gemm_tiles(lanes, registers)[0]
-    assert default_schedule(kernels[1], lanes=lanes, registers=registers).tile == (1, 4 * lanes)
+    assert default_schedule(kernels[1], lanes=lanes, registers=registers).tile == (1, 2 * lanes)
 
 
 def _default_of(model: nn.Module, x: torch.Tensor, known_weights: bool = True) -> Schedule:

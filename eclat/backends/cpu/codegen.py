@@ -75,8 +75,9 @@ def slots_of(program: Program) -> list[str]:
 def packed_copies(program: Program) -> set[str]:
     """Weights the program also holds packed (a matmul's constant operand in panels): code may read
     only the packed copy, so their own data need not be held (nor saved in an artifact)."""
-    return {n.removeprefix(PACKED).rsplit("_", 2)[0] for n, b in program.buffers.items()
-            if n.startswith(PACKED) and b.role == "weight"}
+    sources = {n.removeprefix(PACKED).rsplit("_", 2)[0] for n, b in program.buffers.items()
+               if n.startswith(PACKED) and b.role == "weight"}
+    return sources & set(program.buffers)  # an attention's table of live blocks is packed from none
 
 
 def emitter(mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer], packed: dict[str, np.ndarray],
