@@ -43,7 +43,7 @@ from .kernel import Buffer, Program, loads, numel_bound
 from .memplan import MemoryPlan
 from .report import CompileReport
 from .specs import InputSpec, structure_tensors
-from .tensorfile import write_tensors
+from .tensorfile import buffer, read_tensors, write_tensors
 
 FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
@@ -54,6 +54,7 @@ BINARY = (".o", ".bin", ".safetensors")  # members stored as they are (read in p
 # MB), low enough that a damaged or hostile header cannot make loading take the machine's memory.
 # The weights' cap is derived from the program instead (see _weight_limit).
 MANIFEST_LIMIT = 64 << 20
+READ_CHUNK = 1 << 20  # bytes of a member read at a time into its buffer (larger: slower, 64 MB 2x)
 CODE_LIMIT = 512 << 20
 MAX_NUMEL = 1 << 40  # elements in one buffer
 
@@ -168,7 +169,34 @@ class Artifact:
             raise ArtifactError(f"{self.path} is corrupt: member {name} fails its checksum")
         return data
 
-    def _read(self, name: str, limit: int) -> bytes:
+    def read_tensors(self, name: str, limit: int) -> dict[str, np.ndarray]:
+        """The arrays of safetensors member name, read in place into one buffer (checked as read)."""
+        digest = self.manifest["sha256"].get(name)
+        if not isinstance(digest, str):
+            raise ArtifactError(f"{self.path} is corrupt: its manifest has no checksum for {name}")
+        info = self._member(name, limit)
+        image, h = buffer(info.file_size), hashlib.sha256()
+        try:
+            with self._zip.open(info) as f:
+                at = 0
+                while at < image.size:
+                    chunk = f.read(min(READ_CHUNK, image.size - at))
+                    if not chunk:
+                        raise EOFError(f"{at} of {image.size} bytes")
+                    image[at:at + len(chunk)] = np.frombuffer(chunk, np.uint8)
+                    h.update(chunk)
+                    at += len(chunk)
+        except Exception as e:  # bad CRC, bad deflate stream (zlib.error), truncated file, ...
+            raise ArtifactError(f"{self.path} is truncated or corrupt ({name}: {type(e).__name__}: {e})") \
+                from None
+        if h.hexdigest() != digest:
+            raise ArtifactError(f"{self.path} is corrupt: member {name} fails its checksum")
+        try:
+            return read_tensors(image) if image.size else {}
+        except Exception as e:
+            raise ArtifactError(f"{self.path}: {name} is malformed ({type(e).__name__}: {e})") from None
+
+    def _member(self, name: str, limit: int) -> zipfile.ZipInfo:
         info = self._zip.NameToInfo.get(name)
         if info is None:
             raise ArtifactError(f"{self.path} is corrupt: member {name} is missing")
@@ -179,6 +207,10 @@ class Artifact:
         if info.file_size > limit:
             raise ArtifactError(f"{self.path}: member {name} holds {info.file_size} bytes, more than the "
                                 f"{limit} it may")
+        return info
+
+    def _read(self, name: str, limit: int) -> bytes:
+        info = self._member(name, limit)
         try:
             with self._zip.open(info) as f:
                 # no more than the size checked above is inflated, whatever the stream holds (zipfile
@@ -375,19 +407,12 @@ def _states(entries: list, specs: list[InputSpec], art: Artifact) -> list[State]
     with its initial value from the states member, checked against that input."""
     if not entries:
         return []
-    from safetensors.numpy import load as st_load
-
     tail = specs[len(specs) - len(entries):]
     if len(entries) > len(specs) or [e["name"] for e in entries] != [s.name for s in tail]:
         names = [e.get("name") for e in entries]
         raise ArtifactError(f"{art.path}: its states {names} are not its last inputs")
     limit = sum(math.prod(s.shape) * s.dtype.np.itemsize + 256 for s in tail) + 4096
-    try:
-        stored = st_load(art.read(STATES, limit))
-    except ArtifactError:
-        raise
-    except Exception as e:
-        raise ArtifactError(f"{art.path}: {STATES} is malformed ({type(e).__name__}: {e})") from None
+    stored = art.read_tensors(STATES, limit)
     out = []
     for e, spec in zip(entries, tail):
         value, axis = stored.get(spec.name), e.get("axis")
@@ -421,15 +446,8 @@ def _weight_limit(weights: list[Buffer]) -> int:
 def _attach_weights(program: Program, art: Artifact, optional: set[str]) -> None:
     """Each weight's data from the weights member, checked against its buffer; only a weight the
     code reads through a packed copy may be absent (left without data, its slot never read)."""
-    from safetensors.numpy import load as st_load
-
     weights = [b for b in program.buffers.values() if b.role == "weight"]
-    raw = art.read(WEIGHTS, _weight_limit(weights))
-    try:
-        stored = st_load(raw) if raw else {}
-    except Exception as e:
-        raise ArtifactError(f"{art.path}: {WEIGHTS} is malformed ({type(e).__name__}: {e})") from None
-    del raw
+    stored = art.read_tensors(WEIGHTS, _weight_limit(weights))
     for b in weights:
         data = stored.get(b.name)
         if data is None:
