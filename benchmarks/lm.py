@@ -31,7 +31,10 @@ import argparse
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -145,18 +148,45 @@ def compile_times(name: str, max_len: int, chunk: int, autotune: str, threads: i
     """The first compile of a model into an empty cache folder and the second from it, with what the
     first spent on the e-graph and how many candidates it timed, per program."""
     model = make(name)
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())  # tied weights once
     with tempfile.TemporaryDirectory() as cache:
-        times, lms = [], []
+        times, peaks, lms = [], [], []
         for _ in range(2):
             t = time.perf_counter()
-            lms.append(eclat.compile_lm(model, max_len=max_len, chunk=chunk, autotune=autotune,
-                                        threads=threads, quiet=True, cache_dir=cache))
+            with peak_memory() as peak:
+                lms.append(eclat.compile_lm(model, max_len=max_len, chunk=chunk, autotune=autotune,
+                                            threads=threads, quiet=True, cache_dir=cache))
             times.append(time.perf_counter() - t)
+            peaks.append(f"{peak[0] / 1e9:.2f} GB ({peak[0] / weights:.1f}x the weights)")
     reports = [p.report() for p in (lms[0].prefill, lms[0].decode)]
     egraph = ", ".join(f"{r['egraph']['seconds']:.1f}" for r in reports)
     timed = ", ".join(str(r["candidates"]["timed"]) for r in reports)
     return (f"{name}: first compile {times[0]:.1f} s (e-graph {egraph} s, candidates timed {timed}; "
-            f"prefill, decode), second from the cache {times[1]:.1f} s")
+            f"prefill, decode), second from the cache {times[1]:.1f} s; peak memory over the process's "
+            f"before the compile (the model and torch loaded): first {peaks[0]}, second {peaks[1]}")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:  # Linux: resident pages
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextmanager
+def peak_memory(every_s: float = 0.02) -> Iterator[list[int]]:
+    """[the most resident bytes seen above the start] while the block runs, sampled by a thread."""
+    start, peak, done = _rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(every_s):
+            peak[0] = max(peak[0], _rss() - start)
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        watcher.join()
+        peak[0] = max(peak[0], _rss() - start)
 
 
 def main(argv: list[str] | None = None) -> None:
