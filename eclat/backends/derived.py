@@ -22,7 +22,7 @@ _DIGESTS: dict[tuple, str] = {}  # (the array a view views, the view) -> its con
 def derived(data: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
     """make() (an array, or a list or tuple of arrays), computed once per (data's values, key)
     while its result is held elsewhere."""
-    full = (_content(data), data.shape, data.dtype.str, key)
+    full = (content(data), data.shape, data.dtype.str, key)
     held = _DERIVED.get(full)
     value = _alive(held)
     if value is _GONE:
@@ -34,7 +34,7 @@ def derived(data: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
     return value
 
 
-def _content(data: np.ndarray) -> str:
+def content(data: np.ndarray) -> str:
     """A digest of data's values (in C order), computed once per view while the viewed array lives."""
     base = data
     while isinstance(base.base, np.ndarray):  # a view made afresh per candidate: key on what it views
@@ -62,4 +62,4 @@ def _alive(held: tuple[type, list[weakref.ref]] | None) -> Any:
     return None if kind is type(None) else parts[0] if kind is np.ndarray else kind(parts)
 
 
-__all__ = ["derived"]
+__all__ = ["content", "derived"]

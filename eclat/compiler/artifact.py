@@ -161,9 +161,7 @@ class Artifact:
 
     def read(self, name: str, limit: int) -> bytes:
         """Member name, refused when larger than limit or when it fails its checksum."""
-        digest = self.manifest["sha256"].get(name)
-        if not isinstance(digest, str):
-            raise ArtifactError(f"{self.path} is corrupt: its manifest has no checksum for {name}")
+        digest = self._checksum(name)
         data = self._read(name, limit)
         if hashlib.sha256(data).hexdigest() != digest:
             raise ArtifactError(f"{self.path} is corrupt: member {name} fails its checksum")
@@ -171,9 +169,7 @@ class Artifact:
 
     def read_tensors(self, name: str, limit: int) -> dict[str, np.ndarray]:
         """The arrays of safetensors member name, read in place into one buffer (checked as read)."""
-        digest = self.manifest["sha256"].get(name)
-        if not isinstance(digest, str):
-            raise ArtifactError(f"{self.path} is corrupt: its manifest has no checksum for {name}")
+        digest = self._checksum(name)
         info = self._member(name, limit)
         image, h = buffer(info.file_size), hashlib.sha256()
         try:
@@ -195,6 +191,12 @@ class Artifact:
             return read_tensors(image) if image.size else {}
         except Exception as e:
             raise ArtifactError(f"{self.path}: {name} is malformed ({type(e).__name__}: {e})") from None
+
+    def _checksum(self, name: str) -> str:
+        digest = self.manifest["sha256"].get(name)
+        if not isinstance(digest, str):
+            raise ArtifactError(f"{self.path} is corrupt: its manifest has no checksum for {name}")
+        return digest
 
     def _member(self, name: str, limit: int) -> zipfile.ZipInfo:
         info = self._zip.NameToInfo.get(name)
