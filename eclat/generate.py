@@ -176,6 +176,7 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
     import torch
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
+    from .compiler.phases import release_free_memory
     from .compiler.pipeline import compile_model
     from .frontend.lower import sharing_weights
 
@@ -187,15 +188,17 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
     model.forward = functools.partial(model.forward, logits_to_keep=1)  # the last row's only
     try:
         exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_len)
-        programs = []
+        exported = []  # both before either compile: an export's peak does not stack on a compiled program
+        for n in (chunk, 1):
+            ids, positions = torch.zeros(1, n, dtype=torch.long), torch.arange(n)
+            with torch.no_grad(), warnings.catch_warnings():
+                # dynamo notes transformers' output-capturing global: not the user's concern
+                warnings.filterwarnings("ignore", message=".*side effects happened.*")
+                program = exportable.export(input_ids=ids, cache_position=positions)
+            exported.append((program, (ids, positions)))
+            release_free_memory()
         with sharing_weights():
-            for n in (chunk, 1):
-                ids, positions = torch.zeros(1, n, dtype=torch.long), torch.arange(n)
-                with torch.no_grad(), warnings.catch_warnings():
-                    # dynamo notes transformers' output-capturing global: not the user's concern
-                    warnings.filterwarnings("ignore", message=".*side effects happened.*")
-                    exported = exportable.export(input_ids=ids, cache_position=positions)
-                programs.append(compile_model(exported, (ids, positions), target, **options))
+            programs = [compile_model(program, args, target, **options) for program, args in exported]
     finally:
         config.use_cache, config.cache_implementation, config.cache_config = saved
         if own is None:

@@ -148,3 +148,28 @@ def _check_square_composite() -> None:
     assert "test_square" in g.decompose_composites(graph, keep={"test_square"}).op_counts()
     a = np.array([1.0, 2.0, -3.0], np.float32)
     np.testing.assert_array_equal(run(graph, [a])[0], run(flat, [a])[0])
+
+
+def test_the_interpreter_frees_each_value_after_its_last_reader() -> None:
+    import tracemalloc
+
+    x = g.input_("x", (1 << 18,))  # 1 MiB of float32
+    node, nodes = x, []
+    for _ in range(12):
+        node = g.unary("exp2", g.unary("neg", node))
+        nodes.append(node)
+    graph = Graph([x], [node, nodes[0]], {})  # an intermediate that is also an output is kept
+    a = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32) * 0.1
+    tracemalloc.start()
+    try:
+        got = run(graph, [a])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 << 20  # 24 intermediates of 1 MiB if none were freed
+    want, first = a, None
+    for k in range(12):
+        want = np.exp2(-want)
+        first = want if k == 0 else first
+    np.testing.assert_allclose(got[0], want, rtol=1e-6)
+    np.testing.assert_allclose(got[1], first, rtol=1e-6)

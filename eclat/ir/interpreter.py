@@ -53,10 +53,15 @@ def run(graph: Graph, inputs: Sequence[np.ndarray], env: Mapping[str, int] | Non
     env = dict(env or bind_dims(graph, arrays))
     values: dict[int, np.ndarray] = {id(n): a.astype(n.dtype.np, copy=False)
                                      for n, a in zip(graph.inputs, arrays)}
-    for node in graph.nodes():
-        if id(node) in values:
-            continue
-        values[id(node)] = evaluate_node(node, [values[id(s)] for s in node.srcs], graph, env)
+    order = graph.nodes()
+    last_read = {id(s): k for k, node in enumerate(order) for s in node.srcs}
+    kept = {id(o) for o in graph.outputs}
+    for k, node in enumerate(order):
+        if id(node) not in values:
+            values[id(node)] = evaluate_node(node, [values[id(s)] for s in node.srcs], graph, env)
+        for s in node.srcs:  # a model's intermediates (a weight's transposed copy, say) die when read last
+            if last_read[id(s)] == k and id(s) not in kept:
+                values.pop(id(s), None)
     return [values[id(o)] for o in graph.outputs]
 
 
