@@ -221,6 +221,9 @@ def test_repeated_layers_are_optimised_once():
     assert best.op_counts()["matmul"] == 3 * 4 and best.op_counts()["attention"] == 3
     laid = {n.arg.split(".")[0] for n in best.nodes() if n.op == "weight" and ".laid" in n.arg}
     assert laid == {"l0", "l1", "l2"}  # each layer's own weights, laid out for its matmuls
+    for name in (n.arg for n in best.nodes() if n.op == "weight" and ".laid" in n.arg):
+        laid_out, source = best.weights[name], graph.weights[name.split(".laid")[0]]
+        assert not laid_out.flags.writeable and np.shares_memory(laid_out, source)  # a view, not a copy
 
 
 def test_a_reused_egraph_gives_what_a_fresh_one_gives(monkeypatch):

@@ -524,7 +524,7 @@ class _Grouping:
             self._leaf_buffer(n, f"in{k}_{n.arg}" if isinstance(n.arg, str) else f"in{k}", "input")
         for n in nodes:
             if n.op == "weight":
-                data = np.ascontiguousarray(graph.weights[n.arg], dtype=n.dtype.np).reshape(-1)
+                data = np.asarray(graph.weights[n.arg], dtype=n.dtype.np)  # a view stays one: no copies
                 self._leaf_buffer(n, f"w_{n.arg}", "weight", data, graph.formats.get(n.arg))
             elif n.op == "input" and id(n) not in self.buf_of:
                 raise EclatError(f"input {n.arg!r} is used but is not an input of the graph")

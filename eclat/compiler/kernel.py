@@ -79,7 +79,8 @@ class Buffer:
     numel: int
     dtype: DType
     role: str
-    data: np.ndarray | None = None  # weights only: the flat constant contents
+    data: np.ndarray | None = None  # weights only: the constant contents, in C order (any shape; may be a
+    # strided read-only view, e.g. a laid-out weight, which a backend copies or packs when it binds it)
     format: str | None = None  # weights only: the low-precision format the values are exact in
     # a formatted weight's (K, inner): its values are rounded along an axis of K elements, inner
     # apart, so flat element i is at k = (i // inner) % K (None: unknown, e.g. a backend's copy)

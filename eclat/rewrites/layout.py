@@ -29,10 +29,13 @@ def is_permutation(v: View, numel: int) -> bool:
 
 
 def laid_out(array: np.ndarray, v: View) -> np.ndarray:
-    """The elements array's view v reads, as a new contiguous array."""
+    """The elements array's view v reads, in the view's order: a read-only strided view, not a copy.
+    Whoever needs the elements contiguous copies them then (the CPU packs a weight it multiplies by
+    into panels, reading this view once; code that reads the weight directly binds one copy), so a
+    compile does not hold a laid-out copy of every weight beside the packed one."""
     flat = np.ascontiguousarray(array).reshape(-1)
     strides = [int(s) * flat.itemsize for s in v.strides]
-    return np.ascontiguousarray(np.lib.stride_tricks.as_strided(flat, [int(n) for n in v.shape], strides))
+    return np.lib.stride_tricks.as_strided(flat, [int(n) for n in v.shape], strides, writeable=False)
 
 
 def fill_layout(enc) -> list[tuple[str, tuple[int, ...], int]]:

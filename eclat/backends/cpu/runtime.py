@@ -29,10 +29,13 @@ def _data(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-def _owned(a: np.ndarray) -> np.ndarray:
-    """a, or one copy of it shared by the executables that read it when a is read-only (a view of
-    the model's own tensor, frontend.lower: the compiled code must not see the model change)."""
-    return a if a.flags.writeable else derived(a, "own copy", a.copy)
+def _owned(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """a as contiguous dtype: a itself when it is so and the compile's own, else one copy shared by
+    the executables that read it (a read-only a views the model's own tensor, frontend.lower, and
+    the compiled code must not see the model change; or lays a weight out, rewrites.layout)."""
+    if a.flags.writeable and a.flags.c_contiguous and a.dtype == dtype:
+        return a
+    return derived(a, ("own copy", np.dtype(dtype).str), lambda: np.array(a, dtype=dtype, order="C"))
 
 
 def layout(program: Program) -> tuple[Program, MemoryPlan]:
@@ -71,7 +74,7 @@ class NativeRun:
                                      (buf.numel == 0 or buf.data is None)):
                 self._no_data.append(j)
             elif buf is not None and buf.role == "weight":
-                self._weights[j] = _owned(np.ascontiguousarray(buf.data, dtype=buf.dtype.np))
+                self._weights[j] = _owned(np.asarray(buf.data), buf.dtype.np)
         self._free: list[_CallState] = [self._state()]
 
         # per call work precomputed: a model step is a few microseconds of Python, not tens
