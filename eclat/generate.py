@@ -164,7 +164,7 @@ def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "c
         lm = _checked(remember, model)
         if lm is not None:
             return lm
-    lm = _compile_programs(model, max_len, chunk, target, options)
+    lm = _compile_programs(model, max_len, chunk, target, options, remember)
     if options.get("weights", "fp32") != "fp32":
         lm.agreement = agreement(lm, model)
     if remember is not None:
@@ -172,7 +172,10 @@ def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "c
     return lm
 
 
-def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options: dict) -> CausalLM:
+def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options: dict,
+                      remember: Path | None = None) -> CausalLM:
+    """The prefill and decode programs; remember: where compile_lm keeps them (then the program
+    cache, which would keep each again, is not used)."""
     import torch
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -198,7 +201,8 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
             exported.append((program, (ids, positions)))
             release_free_memory()
         with sharing_weights():
-            programs = [compile_model(program, args, target, **options) for program, args in exported]
+            programs = [compile_model(program, args, target, program_cache_used=remember is None, **options)
+                        for program, args in exported]
     finally:
         config.use_cache, config.cache_implementation, config.cache_config = saved
         if own is None:

@@ -138,6 +138,7 @@ def test_a_second_compile_loads_the_kept_model_and_checks_it(tmp_path, monkeypat
     first = eclat.compile_lm(model, **options)
     kept = list((tmp_path / "lms").iterdir())
     assert len(kept) == 1 and (kept[0] / "lm.json").is_file()
+    assert not (tmp_path / "programs").exists()  # the programs are kept once, in the model's folder
     monkeypatch.setattr(generate, "_compile_programs", lambda *a: pytest.fail("compiled again"))
     second = eclat.compile_lm(model, **options)
     assert second.generate([5, 6, 7], 8) == first.generate([5, 6, 7], 8) == _reference(model, [5, 6, 7], 8)

@@ -64,7 +64,7 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
                   autotune: str = "fast", cache_dir: str | os.PathLike | None = None,
                   db: Any = None, k: int = 8, verify: bool = True, quiet: bool = False,
                   weights: str = "fp32", max_error: float | None = None,
-                  dynamic_shapes: Any = None) -> CompiledModel:
+                  dynamic_shapes: Any = None, program_cache_used: bool = True) -> CompiledModel:
     """Compile model for target. threads: CPU threads per kernel (default 1: predictable, and
     no oversubscription when the caller runs several models); autotune: "none" keeps the
     default schedules and skips device measurement (candidates are still timed: the e-graph's
@@ -74,7 +74,9 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
     "int4-128"), whose error on the example inputs is in the report; max_error: the largest
     relative error of an output that a quantization may cause (larger: EclatError); dynamic_shapes:
     torch.export's (a torch.export.Dim with a max for each size that varies): one program serves
-    every size within the bounds, its buffers sized for the largest."""
+    every size within the bounds, its buffers sized for the largest; program_cache_used: whether
+    a search's choice is kept for the next compile of the same model, and looked for (compile_lm
+    keeps its programs itself, so writing them twice is time and disk for nothing)."""
     start = time.perf_counter()
     if autotune not in AUTOTUNE_MODES:
         raise ValueError(f"autotune must be one of {AUTOTUNE_MODES}, given {autotune!r}")
@@ -94,7 +96,7 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
         _check_bounded(graph)
         arrays += [s.initial for s in graph.states]
         remember = None
-        if autotune != "none" and verify and weights == "fp32":  # checked against torch when remembered
+        if program_cache_used and autotune != "none" and verify and weights == "fp32":  # checked, when read
             remember = program_cache.cache_path(graph, target, autotune, k, threads, cache_dir)
             cached = _from_program_cache(remember, graph, structure, model, example_inputs, arrays, target,
                                          threads, autotune, cache_dir, db, quiet, start)
