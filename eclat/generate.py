@@ -164,7 +164,7 @@ def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "c
         lm = _checked(remember, model)
         if lm is not None:
             return lm
-    lm = _compile_programs(model, max_len, chunk, target, options, remember)
+    lm = _compile_programs(model, max_len, chunk, target, options)
     if options.get("weights", "fp32") != "fp32":
         lm.agreement = agreement(lm, model)
     if remember is not None:
@@ -172,10 +172,9 @@ def compile_lm(model: Any, max_len: int = 256, chunk: int = 32, target: str = "c
     return lm
 
 
-def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options: dict,
-                      remember: Path | None = None) -> CausalLM:
-    """The prefill and decode programs; remember: where compile_lm keeps them (then the program
-    cache, which would keep each again, is not used)."""
+def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options: dict) -> CausalLM:
+    """The prefill and decode programs, not in the program cache: compile_lm keeps them itself
+    where the program cache would (a search, verified, float32 weights)."""
     import torch
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -201,7 +200,7 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
             exported.append((program, (ids, positions)))
             release_free_memory()
         with sharing_weights():
-            programs = [compile_model(program, args, target, program_cache_used=remember is None, **options)
+            programs = [compile_model(program, args, target, program_cache_used=False, **options)
                         for program, args in exported]
     finally:
         config.use_cache, config.cache_implementation, config.cache_config = saved
