@@ -775,3 +775,23 @@ def test_packed_forms_are_shared_by_content_and_freed_with_their_last_reader():
     gc.collect()
     assert len(cache._DERIVED) == entries - 1
     assert packed_panels(w, index, "n", "k", 24, 40, 32)[0].size == 40 * 32
+
+
+def test_a_weight_and_a_transposed_view_of_it_read_one_packed_form():
+    """The prefill reads a Linear's weight as it is stored, the decode a view laid out for its one-row
+    products (rewrites.layout): one matrix, so one packed form, packed from the stored array."""
+    from eclat.backends.cpu.contraction import packed_panels
+    from eclat.ir.symbolic import Var
+    from eclat.ir.view import View
+    from eclat.rewrites.layout import laid_out
+
+    n, k = Var("n"), Var("k")
+    w = np.random.default_rng(1).standard_normal((40, 24)).astype(np.float32)  # [K, N]
+    stored = packed_panels(w, k * 24 + n, "n", "k", 24, 40, 16)
+    view = laid_out(w, View.contiguous((40, 24)).permute([1, 0]))  # [N, K], read n * 40 + k
+    assert packed_panels(view, n * 40 + k, "n", "k", 24, 40, 16)[0] is stored[0]
+    np.testing.assert_array_equal(stored[0].reshape(2, 40, 16)[0], w[:, :16])
+    # a view whose reduction walks two of its axes ([4, 24, 10] read as [4, 240]): packed as it reads
+    deep = laid_out(w.reshape(4, 10, 24), View.contiguous((4, 10, 24)).permute([0, 2, 1]))
+    odd = packed_panels(deep, n * 240 + k, "n", "k", 4, 240, 16)
+    np.testing.assert_array_equal(odd[0].reshape(240, 16)[:, :4], deep.reshape(4, 240).T)

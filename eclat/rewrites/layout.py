@@ -33,9 +33,11 @@ def laid_out(array: np.ndarray, v: View) -> np.ndarray:
     Whoever needs the elements contiguous copies them then (the CPU packs a weight it multiplies by
     into panels, reading this view once; code that reads the weight directly binds one copy), so a
     compile does not hold a laid-out copy of every weight beside the packed one."""
-    flat = np.ascontiguousarray(array).reshape(-1)
-    strides = [int(s) * flat.itemsize for s in v.strides]
-    return np.lib.stride_tricks.as_strided(flat, [int(n) for n in v.shape], strides, writeable=False)
+    shape, strides = [int(n) for n in v.shape], [int(s) for s in v.strides]
+    order = sorted(range(len(shape)), key=lambda a: -strides[a])  # the axes as they lie, outermost first
+    laid = np.ascontiguousarray(array).reshape([shape[a] for a in order]).transpose(np.argsort(order))
+    laid.flags.writeable = False  # a view made by numpy, so that its base is the array it reads
+    return laid
 
 
 def fill_layout(enc) -> list[tuple[str, tuple[int, ...], int]]:

@@ -8,6 +8,7 @@ several row blocks read it).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 
 import llvmlite.ir as ir
@@ -105,6 +106,9 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
     linear = {None if a is None else a.name: c for c, a in parts if a is None or isinstance(a, Var)}
     affine = len(linear) == len(parts) and set(linear) - {None} <= {n_var, k_var}
     layout = (linear.get(None, 0), linear.get(n_var, 0), linear.get(k_var, 0)) if affine else str(index)
+    held = _in_memory(data, *layout, n, kk) if affine else None
+    if held is not None:  # keyed by the matrix read, whichever view of an array reads it
+        data, layout = held
 
     def pack() -> list[np.ndarray]:
         panels = -(-n // nr)
@@ -123,6 +127,35 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
         stored = storage(out, FORMATS[fmt]) if fmt else None
         return [a.reshape(-1) for a in stored] if stored is not None else [out.reshape(-1)]
     return derived(data, ("panels", layout, n, kk, nr, fmt), pack)
+
+
+def _in_memory(data: np.ndarray, start: int, sn: int, sk: int, n: int, kk: int
+               ) -> tuple[np.ndarray, tuple[int, int, int]] | None:
+    """The matrix of data's C-order elements start + n' * sn + k' * sk (n' < n, k' < kk) as the
+    contiguous array data views and (start, sn, sk) in it, where n' and k' each walk one axis of
+    data: so a weight and a transposed view of it (rewrites.layout) that read one matrix read one
+    packed form. None where data views nothing, or a step crosses axes."""
+    base = data
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    item = data.itemsize
+    if base is data or not base.flags.c_contiguous or base.dtype != data.dtype \
+            or any(t <= 0 or t % item for t in data.strides) or not 0 <= start < data.size:
+        return None
+    shape = data.shape
+    at = np.unravel_index(start, shape)
+    rows = [math.prod(shape[a + 1:]) for a in range(len(shape))]
+    walked: list[int] = []
+    steps = []
+    for step, count in ((sn, n), (sk, kk)):
+        axis = next((a for a in range(len(shape)) if rows[a] == step and shape[a] > 1), None)
+        if count > 1 and (axis is None or axis in walked or at[axis] + count > shape[axis]):
+            return None
+        walked += [axis] if count > 1 else []
+        steps.append(data.strides[axis] // item if count > 1 else 0)
+    first = (data.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // item
+    first += sum(int(i) * t // item for i, t in zip(at, data.strides))
+    return base, (first, steps[0], steps[1])
 
 
 def _at_batch(index: Expr, at: dict[str, int]) -> Expr:
