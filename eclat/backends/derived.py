@@ -36,15 +36,20 @@ def derived(data: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
 
 def content(data: np.ndarray) -> str:
     """A digest of data's values (in C order), computed once per view while the viewed array lives."""
-    base = data
-    while isinstance(base.base, np.ndarray):  # a view made afresh per candidate: key on what it views
-        base = base.base
+    base = viewed(data)  # a view made afresh per candidate: key on what it views
     key = (id(base), data.__array_interface__["data"][0], data.shape, data.strides, data.dtype.str)
     if key not in _DIGESTS:
         _DIGESTS[key] = hashlib.blake2b(memoryview(np.ascontiguousarray(data)).cast("B"),
                                         digest_size=16).hexdigest()
         weakref.finalize(base, _DIGESTS.pop, key, None)
     return _DIGESTS[key]
+
+
+def viewed(data: np.ndarray) -> np.ndarray:
+    """The array data is a view of, through any chain of views (data itself when it owns its data)."""
+    while isinstance(data.base, np.ndarray):
+        data = data.base
+    return data
 
 
 _GONE = object()

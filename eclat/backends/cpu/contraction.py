@@ -33,7 +33,7 @@ from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
 from ...ir.symbolic import Expr, Num, Var, evaluate, map_vars, prod, sint, terms, to_expr, upper, var_list
 from ...ir.view import contiguous_strides
-from ..derived import derived
+from ..derived import derived, viewed
 from . import host
 from .emitter import KernelEmitter
 from .scalar import F32, I8, I16, I32, I64, PTR, i64, intrinsic, splat, store_through, vector_ptr
@@ -135,27 +135,23 @@ def _in_memory(data: np.ndarray, start: int, sn: int, sk: int, n: int, kk: int
     contiguous array data views and (start, sn, sk) in it, where n' and k' each walk one axis of
     data: so a weight and a transposed view of it (rewrites.layout) that read one matrix read one
     packed form. None where data views nothing, or a step crosses axes."""
-    base = data
-    while isinstance(base.base, np.ndarray):
-        base = base.base
-    item = data.itemsize
+    base, item = viewed(data), data.itemsize
     if base is data or not base.flags.c_contiguous or base.dtype != data.dtype \
             or any(t <= 0 or t % item for t in data.strides) or not 0 <= start < data.size:
         return None
     shape = data.shape
     at = np.unravel_index(start, shape)
     rows = [math.prod(shape[a + 1:]) for a in range(len(shape))]
-    walked: list[int] = []
-    steps = []
+    axes: list[int | None] = []  # the axis n' walks, then k''s (None: a single row or column)
     for step, count in ((sn, n), (sk, kk)):
-        axis = next((a for a in range(len(shape)) if rows[a] == step and shape[a] > 1), None)
-        if count > 1 and (axis is None or axis in walked or at[axis] + count > shape[axis]):
+        axis = next((a for a, r in enumerate(rows) if r == step and shape[a] > 1), None)
+        if count > 1 and (axis is None or axis in axes or at[axis] + count > shape[axis]):
             return None
-        walked += [axis] if count > 1 else []
-        steps.append(data.strides[axis] // item if count > 1 else 0)
+        axes.append(axis if count > 1 else None)
+    dn, dk = (0 if a is None else data.strides[a] // item for a in axes)
     first = (data.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // item
     first += sum(int(i) * t // item for i, t in zip(at, data.strides))
-    return base, (first, steps[0], steps[1])
+    return base, (first, dn, dk)
 
 
 def _at_batch(index: Expr, at: dict[str, int]) -> Expr:
