@@ -549,6 +549,26 @@ def test_a_product_read_through_a_mask_keeps_its_register_blocked_kernel(reader,
     assert len(products) == 1 and as_contraction(products[0]) is not None
 
 
+@pytest.mark.parametrize("kernel, stride", [(3, 2), (3, 1), (2, 2)])
+def test_a_product_read_through_overlapping_windows_is_computed_once(kernel, stride):
+    """x * exp2(x) for x = w @ h (the product read by several elementwise ops, as GELU reads it),
+    read by the next 1-d convolution's windows without padding (wav2vec2's feature encoder):
+    the windows read each element kernel/stride times, and a product fused into their copy would
+    be computed once per read. The product is computed at most once per element."""
+    n, length = 8, 41
+    h = G.input_("h", (n, length))
+    wv = rand(n, n)
+    y = matmul(G.weight("w", wv, DType.float32), h)  # [n, length]
+    act = G.binary("mul", y, G.unary("exp2", y))
+    out_len = (length - kernel) // stride + 1
+    windows = G.contiguous(G.movement(act, lambda v: View.make((n, kernel, out_len), (length, 1, stride))))
+    program = check(G.Graph([h], [windows], {"w": wv}), [rand(n, length)], rtol=1e-4, atol=1e-5)
+    products = [k for k in program.kernels
+                if any(isinstance(r, Reduce) and r.op == "sum" for r in walk(k.body))]
+    assert len(products) == 1 and as_contraction(products[0]) is not None
+    assert math.prod(products[0].shape) <= n * length, products[0].shape
+
+
 def test_output_axes_read_as_one_flat_axis_are_merged():
     """A 1x1 convolution over 4x5 pixels is a contraction with 20 columns (kernel.coalesce); axes
     a mask or a transposed read tells apart stay apart; every form matches the interpreter."""

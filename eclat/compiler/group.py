@@ -371,27 +371,34 @@ def _products_before_masks(graph: Graph) -> Graph:
     fused after it) and a masked view that pads it: a convolution's output padded for the next
     one, or pooled with padding. Inlined there, the product's index is unravelled through the mask
     and the backend can no longer register-block it (a scalar loop, 20x slower); the padded copy
-    costs one pass. A product read by several values (RoPE's q, sliced and rotated, then
-    concatenated) is materialised by grouping's own rules, so it needs no copy after its readers."""
+    costs one pass. The same before a view that reads elements more than once (the next
+    convolution's overlapping windows, unpadded: wav2vec2's strided 1-d ones): inlined there, the
+    product would be computed once per read (1.5x its work for kernel 3, stride 2), where the
+    e-graph's cost (`extract.evaluations`) counts a product as a kernel of its own. A product
+    read by several values (RoPE's q, sliced and rotated, then concatenated) is materialised by
+    grouping's own rules, so it needs no copy after its readers."""
     nodes = graph.nodes()
     users: dict[int, list[Node]] = {}
     for n in nodes:
         for s in n.srcs:
             users.setdefault(id(s), []).append(n)
 
-    carries: dict[int, bool] = {}  # node -> its fused value computes a product
+    carries: dict[int, bool] = {}  # node -> its fused value computes a product read once
+    computes: dict[int, bool] = {}  # node -> its fused value computes a product
     new: dict[int, Node] = {}
     for n in nodes:
         srcs = [new[id(s)] for s in n.srcs]
         masked = n.op == "view" and n.arg.mask is not None
-        if masked and carries[id(n.srcs[0])]:
+        rereads = n.op == "view" and n.arg.overlap() > 1.0
+        if masked and carries[id(n.srcs[0])] or rereads and computes[id(n.srcs[0])]:
             srcs = [Node("contiguous", (srcs[0],), None, srcs[0].shape, srcs[0].dtype)]
         elementwise = n.kind in ("unary", "binary", "ternary") or n.op in ("fma", "cast")
-        fused = elementwise or (n.op == "view" and not masked)
+        fused = elementwise or (n.op == "view" and not masked and not rereads)
         # a product read once (a shared one gets a kernel of its own anyway: `offenders`)
         product = n.op == "matmul" or (n.op == "sum" and n.srcs[0].op == "mul")  # or the frontend's form
         read_once = len(users.get(id(n), ())) == 1
         carries[id(n)] = (product and read_once) or fused and any(carries[id(s)] for s in n.srcs)
+        computes[id(n)] = product or fused and any(computes[id(s)] for s in n.srcs)
         same = all(a is b for a, b in zip(srcs, n.srcs))
         new[id(n)] = n if same else Node(n.op, srcs, n.arg, n.shape, n.dtype)
     return dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs])

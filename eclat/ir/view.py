@@ -91,6 +91,16 @@ class View:
         return (self.mask is None and as_int(self.offset) == 0
                 and all(sym_eq(a, b) for a, b in zip(self.strides, contiguous_strides(self.shape))))
 
+    def overlap(self) -> float:
+        """How many times the view reads each element it reaches, on average, along the axes it
+        steps (a 3x3 im2col's windows: 9; a broadcast axis does not count: grouping hoists what
+        it repeats). 1 for a masked view or one with run-time strides."""
+        steps = [(as_int(n), as_int(s)) for n, s in zip(self.shape, self.strides) if as_int(s) != 0]
+        if self.mask is not None or any(n is None or s is None for n, s in steps):
+            return 1.0
+        span = 1 + sum((n - 1) * abs(s) for n, s in steps)
+        return max(1.0, math.prod(n for n, _ in steps) / span)
+
     def _mask(self) -> tuple[tuple[sint, sint], ...]:
         return self.mask if self.mask is not None else tuple((0, n) for n in self.shape)
 

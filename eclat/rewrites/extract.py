@@ -33,7 +33,6 @@ from ..ir.graph import Node
 from ..ir.symbolic import Expr, as_int
 from ..ir.view import View
 from .fold import EVAL_LIMIT, worth_storing
-from .fusion import overlap
 from .lang import CTORS, SAME_SHAPE
 
 # per-element work of the ops that are not products, in peak-FLOP equivalents: a product
@@ -92,7 +91,7 @@ def read_egraph(egraph: eb.EGraph, attrs: list) -> EGraphData:
     _infer_types(data, attrs)
     data.folded = folds(data, attrs)
     data.rereads = {n: f for n, node in enumerate(nodes) if node[0] == "View"
-                    for f in [overlap(attrs[node[2]])] if f > 1.0}
+                    for f in [attrs[node[2]].overlap()] if f > 1.0}
     return data
 
 

@@ -7,10 +7,7 @@ computation is repeated for every read (the extraction counts it, `extract.evalu
 
 from __future__ import annotations
 
-import math
-
 from ..ir.dtypes import DType
-from ..ir.symbolic import as_int
 from ..ir.view import View
 from .lang import CTORS, Rule, RuleSet
 
@@ -43,19 +40,9 @@ def _rules(ctor: str) -> list[Rule]:
     return out
 
 
-def overlap(v: View) -> float:
-    """How many times v reads each element it reaches, on average, along the axes it steps (a 3x3
-    im2col's windows: 9; a broadcast axis does not count: grouping hoists what it repeats)."""
-    steps = [(as_int(n), as_int(s)) for n, s in zip(v.shape, v.strides) if as_int(s) != 0]
-    if v.mask is not None or any(n is None or s is None for n, s in steps):
-        return 1.0
-    span = 1 + sum((n - 1) * abs(s) for n, s in steps)
-    return max(1.0, math.prod(n for n, _ in steps) / span)
-
-
 def rereads(v: View) -> bool:
     """Whether v reads some element of its operand more than once through overlapping windows."""
-    return overlap(v) > 1.0
+    return v.overlap() > 1.0
 
 
 def fill_rereads(enc) -> list[tuple[str, tuple[int, ...], int]]:
