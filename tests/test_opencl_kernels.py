@@ -77,3 +77,40 @@ def test_tuning_picks_a_verified_schedule_and_reuses_the_database(tmp_path) -> N
     tune(program, backend, device, db, "fast", 1, inputs)
     again = {k.name: k.schedule for k in program.kernels}
     assert again == chosen and db.hits >= len(program.kernels)
+
+
+def test_every_tile_schedule_on_ragged_contractions() -> None:
+    """Each tile schedule of the space against the interpreter, on products whose m, n and k are
+    no multiples of the tiles: a bias + relu epilogue, a batch axis, a transposed weight (both
+    operands unit-stride in k) and a transposed a (neither), so every way a slice is read."""
+    from eclat.backends.gpu import gpu_schedule_space, with_variants
+    from eclat.ir import graph as g
+    from eclat.ir.graph import Graph
+    from tests.gpu_cases import matmul
+
+    def t(x):
+        return g.movement(x, lambda v: v.permute((1, 0)))
+
+    def bias_relu(y, bias):
+        y = g.binary("add", y, g.expand_to(bias, y.shape))
+        return g.binary("max", y, g.expand_to(g.const(0.0), y.shape))
+
+    rng = np.random.default_rng(7)
+    shapes = {"a": (70, 45), "b": (45, 75), "bias": (75,), "ba": (3, 19, 40), "bb": (3, 40, 33),
+              "x": (21, 50), "w": (35, 50), "at": (37, 130), "c": (37, 9)}
+    n = {name: g.input_(name, s) for name, s in shapes.items()}
+    outs = [bias_relu(matmul(n["a"], n["b"]), n["bias"]), matmul(n["ba"], n["bb"]),
+            bias_relu(matmul(n["x"], t(n["w"])), g.movement(n["bias"], lambda v: v.slice(0, 0, 35, 1))),
+            matmul(t(n["at"]), n["c"])]
+    graph = Graph(list(n.values()), outs, {})
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes.values()]
+    program = lowered(graph)
+    spaces = {k.name: [s for s in gpu_schedule_space(k) if s.strategy == "tile"] for k in program.kernels}
+    assert len(spaces) == 4 and all(len(s) >= 5 for s in spaces.values())  # fewer where tiles clamp
+    prog, chosen, variants = with_variants(program, spaces)
+    got = dict(zip(prog.outputs, OpenCLExecutable(prog, chosen).run(inputs)))
+    want = dict(zip(program.outputs, run(graph, inputs)))
+    out_of = {k.name: k.out for k in program.kernels}
+    for v in variants:
+        np.testing.assert_allclose(got[v.out], want[out_of[v.kernel]], rtol=1e-4, atol=1e-5,
+                                   err_msg=f"{v.kernel} with {v.schedule}")

@@ -12,7 +12,18 @@ Every difference between the dialects is data in a `Dialect` (dialects.py); the 
   tile  contractions (epilogue(sum_k a*b), see `as_contraction`): each group computes a
         TM x TN output tile, staging TK-deep slices of a and b in shared memory, each thread
         a RM x RN register block; the epilogue runs on the accumulators. Ragged edges are
-        clamped on load and masked on store.
+        clamped on load and masked on store. float16 and bfloat16 operands are read into float
+        registers and accumulated in float (a real GEMM for half inputs on every dialect).
+  mma   contractions on tensor cores (mma.py), only where the dialect has a matrix unit
+        (`Dialect.matrix_unit`: "wmma", CUDA's nvcuda::wmma; none in OpenCL and Metal): each
+        group a TM x TN tile computed by WY x WX warps (`GpuSchedule.warps`), each warp a block of
+        16x16 fragments; TK-deep slices of a and b are staged in shared memory in the fragment
+        type (__half, __nv_bfloat16, or TF32 floats for float32 operands, only where the user
+        allows TF32: `schedules.tf32_allowed`), prefetched into registers while the previous
+        slice is multiplied, accumulated in float; the accumulators pass through a per-warp
+        shared tile to the same per-element epilogue as tile's. The default of a 16-bit
+        contraction on CUDA; float32 ones are never on tensor cores by default, and a TF32
+        schedule is checked against the default with a tolerance that grows with k.
 
 A weight rounded to a low-precision format (`weights=`) is stored packed (packing.py) and
 decoded where a kernel reads it; float16 is stored as half and computed in float registers.

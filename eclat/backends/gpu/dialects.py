@@ -79,6 +79,10 @@ class Dialect:
     round_half: str
     warp: int = 32
     ops: dict[OpKey, str] = field(default_factory=dict)  # this dialect's entries of C_OPS, where they differ
+    shared_align: str = ""  # after `shared`: a 16-byte aligned array (for 128-bit shared loads)
+    # the matrix unit API the mma strategy (gpu/mma.py) writes: "wmma" (CUDA's nvcuda::wmma), None
+    # where the dialect has none (OpenCL has no matrix API; Metal's simdgroup_matrix is not used)
+    matrix_unit: str | None = None
 
     def op_template(self, op: str, dt: DType) -> str | None:
         """How this dialect writes op with a dt result: its own entry, else C_OPS's (see there);
@@ -119,9 +123,10 @@ static float eclat_round_half(float x) {
 
 CUDA = Dialect(
     name="cuda",
-    prelude="#include <cuda_fp16.h>\n",
+    prelude="#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <mma.h>\n",
     kernel='extern "C" __global__ void __launch_bounds__({threads})',
-    global_="", shared="__shared__", restrict="__restrict__", barrier="__syncthreads();",
+    global_="", shared="__shared__", shared_align=" __align__(16)", restrict="__restrict__",
+    barrier="__syncthreads();",
     group_id="(int)blockIdx.x", local_id="(int)threadIdx.x",
     param="{const}{type}* {restrict} {name}", thread_params=(),
     math={"exp2": "exp2f", "log2": "log2f", "sin": "sinf", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
@@ -134,13 +139,15 @@ CUDA = Dialect(
     shuffle_down="__shfl_down_sync(0xffffffffu, {v}, {off})",
     half_load="__half2float({p}[{i}])", half_store="{p}[{i}] = __float2half_rn({v});",
     round_half="__half2float(__float2half_rn({}))",
+    matrix_unit="wmma",
 )
 
 OPENCL = Dialect(
     name="opencl",
     prelude=_OPENCL_ROUND_HALF,
     kernel="__kernel __attribute__((reqd_work_group_size({threads}, 1, 1))) void",
-    global_="__global", shared="__local", restrict="restrict", barrier="barrier(CLK_LOCAL_MEM_FENCE);",
+    global_="__global", shared="__local", shared_align=" __attribute__((aligned(16)))", restrict="restrict",
+    barrier="barrier(CLK_LOCAL_MEM_FENCE);",
     group_id="(int)get_group_id(0)", local_id="(int)get_local_id(0)",
     param="{space} {const}{type}* {restrict} {name}", thread_params=(),
     math={"exp2": "exp2", "log2": "log2", "sin": "sin", "sqrt": "sqrt", "rsqrt": "rsqrt",

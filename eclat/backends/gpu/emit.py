@@ -1,5 +1,6 @@
 """The C-like kernel emitter: one renderer for every dialect, lowering a kernel of
-eclat.compiler.kernel with its `GpuSchedule` (flat, row, tile or attention) to the dialect's source."""
+eclat.compiler.kernel with its `GpuSchedule` (flat, row, tile, attention or mma: gpu/mma.py) to the dialect's
+source."""
 
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ from ...ir.dtypes import DType
 from ...ir.symbolic import BinOp, Expr, Num, bounds, render
 from ..scope import Scope
 from .dialects import DIALECTS, Dialect
+from .mma import render_mma
 from .packing import PARTS, decode
 from .schedules import (
     GpuSchedule,
     default_gpu_schedule,
+    mma_operands,
     row_axes,
     tile_contraction,
     unit_stride,
@@ -92,9 +95,12 @@ def render_program(program: Program, dialect: Dialect | str,
 def render_kernel(kernel: Kernel, buffers: dict[str, Buffer], dialect: Dialect | str,
                   schedule: GpuSchedule | None = None) -> RenderedKernel:
     d = DIALECTS[dialect] if isinstance(dialect, str) else dialect
-    sched = schedule or default_gpu_schedule(kernel)
+    sched = schedule or default_gpu_schedule(kernel, d)
     if sched.strategy == "tile" and tile_contraction(kernel) is None:
         raise EclatError(f"kernel {kernel.name} is not a contraction: it cannot use the tile strategy")
+    if sched.strategy == "mma" and (d.matrix_unit != "wmma" or mma_operands(kernel) is None):
+        raise EclatError(f"kernel {kernel.name} cannot use the mma strategy in {d.name}: it needs a "
+                         f"contraction of float16, bfloat16 or float32 operands and a dialect with WMMA")
     if sched.strategy == "attention" and as_attention(kernel) is None:
         raise EclatError(f"kernel {kernel.name} is not an attention: it cannot use the attention strategy")
     if sched.vector > 1 and not vector_ok(kernel, sched.vector):
@@ -447,6 +453,9 @@ class _Emitter:
         self.store(self.emit(k.body))
         self.close()
 
+    def _mma(self) -> None:
+        render_mma(self)  # tensor cores: gpu/mma.py
+
     def _attention(self) -> None:
         """One thread per query row (every axis but the last): the keys in turn, an online softmax
         (running max m, rescaled sum l) and the row's output in registers, never the scores."""
@@ -483,13 +492,16 @@ class _Emitter:
         self.close()
 
     def _tile(self) -> None:
+        """Each group a TM x TN tile over TK-deep slices staged in shared memory, each thread a
+        RM x RN register block: slice s + 1 is read into registers while slice s is computed on,
+        then stored to shared memory (register double buffering hides the global reads)."""
         k, d = self.k, self.d
         c = tile_contraction(k)
         (tm, tn, tk), (rm, rn) = self.s.tile, self.s.micro
-        ty, tx, t = tm // rm, tn // rn, self.s.group_size
+        ty, tx = tm // rm, tn // rn
         m = k.shape[c.m_axis] if c.m_axis is not None else 1
-        n, kk = k.shape[c.n_axis], c.reduce.size
-        mt, nt = -(-m // tm), -(-n // tn)
+        n, depth = k.shape[c.n_axis], c.reduce.size
+        mt, nt, slices = -(-m // tm), -(-n // tn), -(-depth // tk)
         batch = [a for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
         self.groups = math.prod(k.shape[a] for a in batch) * mt * nt
         self.cands = []
@@ -499,45 +511,56 @@ class _Emitter:
         self.unravel(f"(gid / {nt * mt})", batch)
         self.line(f"const int tx = lid % {tx};")
         self.line(f"const int ty = lid / {tx};")
-        a_s = self.shared_array(DType.float32, tk * tm, "As")
-        b_s = self.shared_array(DType.float32, tk * tn, "Bs")
+        rv, m_var, n_var = c.reduce.var.name, f"i{c.m_axis}", f"i{c.n_axis}"
+        ops = [_TileOperand(c.a, tm, m, m_var if c.m_axis is not None else None, "tm_", "As", "pa",
+                            unit_stride(c.a, rv)),
+               _TileOperand(c.b, tn, n, n_var, "tn_", "Bs", "pb", unit_stride(c.b, rv))]
+        for op in ops:
+            self.shared[op.smem] = f"{d.shared}{d.shared_align} float {op.smem}[{tk * op.ld}];"
+            self.line(f"float {op.regs}[{-(-tk * op.width // self.s.group_size)}];")
         accs = [[f"c{i}_{j}" for j in range(rn)] for i in range(rm)]
         for row in accs:
             self.line("float " + ", ".join(f"{x} = 0.0f" for x in row) + ";")
-        rv, m_var, n_var = c.reduce.var.name, f"i{c.m_axis}", f"i{c.n_axis}"
-        self.open(f"for (int k0 = 0; k0 < {kk}; k0 += {tk})")
-        for (operand, width, size, var, tile_id, dst) in ((c.a, tm, m, m_var, "tm_", a_s),
-                                                           (c.b, tn, n, n_var, "tn_", b_s)):
-            # consecutive threads read consecutive addresses: along k where the operand is
-            # unit-stride in k (a row-major a, a transposed weight b), else along m or n
-            self.open(f"for (int q = lid; q < {tk * width}; q += {t})")
-            if unit_stride(operand, rv):
-                self.line(f"const int kk = q % {tk}, mm = q / {tk};")
-            else:
-                self.line(f"const int kk = q / {width}, mm = q % {width};")
-            self.line(f"const int row = {tile_id} * {width} + mm, kv = k0 + kk;")
-            if c.m_axis is not None or dst == b_s:
-                self.bind(var, f"row < {size} ? row : {size - 1}")
-            self.bind(rv, f"kv < {kk} ? kv : {kk - 1}")
-            v = self.emit(operand)
-            self.line(f"{dst}[kk * {width} + mm] = (row < {size} && kv < {kk}) ? {v} : 0.0f;")
-            self.close()
-        self.line(d.barrier)
+        self.open(f"for (int ks = 0; ks <= {slices}; ks++)")
+        self.open(f"if (ks < {slices})")
+        for op in ops:
+            opened = self._tile_share(op, tk)
+            self.line(f"const int row = {op.tile} * {op.width} + mm, kv = ks * {tk} + kk;")
+            if op.var is not None:
+                self.bind(op.var, f"row < {op.size} ? row : {op.size - 1}")
+            self.bind(rv, f"kv < {depth} ? kv : {depth - 1}")
+            v = self.emit(op.expr)
+            self.line(f"{op.regs}[p] = (row < {op.size} && kv < {depth}) ? {v} : 0.0f;")
+            for _ in range(opened):
+                self.close()
+        self.close()
+        self.open("if (ks > 0)")  # slice ks - 1, while slice ks's reads are in flight
+        self.line("#pragma unroll")
         self.open(f"for (int kk = 0; kk < {tk}; kk++)")
-        for i in range(rm):
-            self.line(f"const float a{i} = {a_s}[kk * {tm} + ty + {i * ty}];")
-        for j in range(rn):
-            self.line(f"const float b{j} = {b_s}[kk * {tn} + tx + {j * tx}];")
+        rows, cols = _lanes(rm, ty, "ty"), _lanes(rn, tx, "tx")
+        for i, lane in enumerate(rows):
+            self.line(f"const float a{i} = As[kk * {ops[0].ld} + {lane}];")
+        for j, lane in enumerate(cols):
+            self.line(f"const float b{j} = Bs[kk * {ops[1].ld} + {lane}];")
         for i in range(rm):
             for j in range(rn):
                 self.line(f"{accs[i][j]} = {d.math['fma']}(a{i}, b{j}, {accs[i][j]});")
         self.close()
+        self.close()
+        self.line(d.barrier)
+        self.open(f"if (ks < {slices})")
+        for op in ops:
+            opened = self._tile_share(op, tk)
+            self.line(f"{op.smem}[kk * {op.ld} + mm] = {op.regs}[p];")
+            for _ in range(opened):
+                self.close()
+        self.close()
         self.line(d.barrier)
         self.close()
-        for i in range(rm):
-            for j in range(rn):
+        for i, row in enumerate(rows):
+            for j, col in enumerate(cols):
                 self.open("")
-                self.line(f"const int row = tm_ * {tm} + ty + {i * ty}, col = tn_ * {tn} + tx + {j * tx};")
+                self.line(f"const int row = tm_ * {tm} + {row}, col = tn_ * {tn} + {col};")
                 self.open(f"if (row < {m} && col < {n})")
                 if c.m_axis is not None:
                     self.bind(m_var, "row")
@@ -546,6 +569,53 @@ class _Emitter:
                 self.store(self.emit(k.body))
                 self.close()
                 self.close()
+
+    def _tile_share(self, op: _TileOperand, tk: int) -> int:
+        """Open the loop over this thread's elements p of op's TK x width slice and bind q (the
+        element), kk (its depth) and mm (its row of the tile); returns the blocks opened.
+        Consecutive threads take consecutive addresses: along k where op is unit-stride in k (a
+        row-major a, a transposed weight b), else along m or n."""
+        t, size = self.s.group_size, tk * op.width
+        self.line("#pragma unroll")
+        self.open(f"for (int p = 0; p < {-(-size // t)}; p++)")
+        self.line(f"const int q = lid + p * {t};")
+        if size % t:
+            self.open(f"if (q < {size})")
+        if op.along_k:
+            self.line(f"const int kk = q % {tk}, mm = q / {tk};")
+        else:
+            self.line(f"const int kk = q / {op.width}, mm = q % {op.width};")
+        return 2 if size % t else 1
+
+
+@dataclass(frozen=True)
+class _TileOperand:
+    """One factor of a tile contraction: its expression, tile width (TM or TN), the size and
+    variable of its axis (None: a has no row axis), tile index, shared array and registers."""
+
+    expr: KExpr
+    width: int
+    size: int
+    var: str | None
+    tile: str
+    smem: str
+    regs: str
+    along_k: bool  # unit-stride in k: read along k, stored down a column of the slice
+
+    @property
+    def ld(self) -> int:
+        """The slice's row length: a column's stores of consecutive threads would share banks
+        TM (TN) apart, padded by 4 floats they fall in distinct ones, rows still 16-byte aligned."""
+        return self.width + 4 if self.along_k else self.width
+
+
+def _lanes(r: int, threads: int, var: str) -> list[str]:
+    """A thread's r rows (or columns) of a tile, as offsets: groups of 4 consecutive ones, 4 *
+    threads apart, that read from shared memory as 128-bit words free of bank conflicts across a
+    warp; where r is not a multiple of 4, one every `threads`."""
+    if r % 4:
+        return [f"{var} + {i * threads}" for i in range(r)]
+    return [f"{var} * 4 + {i // 4 * threads * 4 + i % 4}" for i in range(r)]
 
 
 __all__ = ["RenderedKernel", "RenderedProgram", "c_index", "render_kernel", "render_program"]

@@ -1,6 +1,6 @@
 """A GPU target is data: a dialect of the shared C-like renderer, the runtime class that launches
-its kernels, its device probe and the reason its device is missing (each "module:name", imported
-on first use: pyopencl, pycuda and PyObjC are optional)."""
+its kernels, its device probe, the reason its device is missing and the check of which kernels
+cannot launch (each "module:name", imported on first use: pyopencl, pycuda and PyObjC are optional)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from ..target import Section, Target, Timer
 from .dialects import Dialect
 from .emit import render_program
 from .packing import pack_weights, packed_reads
-from .schedules import GpuSchedule, default_gpu_schedule, gpu_schedule_space
+from .schedules import GpuSchedule, default_gpu_schedule, gpu_schedule_space, tf32_tolerance, uses_tf32
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # a schedule computes what the default one does, to this
+# (a TF32 schedule, allowed by the user, to schedules.tf32_tolerance: its operands keep 10 mantissa bits)
 
 
 def _load(path: str) -> Any:
@@ -37,12 +38,14 @@ class GpuTarget(Target):
     fused = frozenset({"attention"})  # the attention strategy (gpu/emit.py)
 
     def __init__(self, name: str, dialect: Dialect, runtime: str, probe: str, source_member: str,
-                 missing: str | None = None):
+                 missing: str | None = None, launch_check: str | None = None):
         """runtime: "module:Class" of the executable, Class(program, schedules); probe: "module:Class"
         of the device probe; missing: "module:function" saying why the device cannot run here (None:
-        it always may)."""
+        it always may); launch_check: "module:function" (source, {kernel: block size}) -> {kernel:
+        why it cannot launch}, from the device compiler's resource report (None: no such check)."""
         self.name, self.dialect, self.source_member = name, dialect, source_member
         self.runtime, self.probe_class, self.missing_reason = runtime, probe, missing
+        self.launch_check = launch_check
 
     def rules(self) -> tuple[Any, ...]:
         from .rules import RULES
@@ -57,11 +60,11 @@ class GpuTarget(Target):
 
     def default_schedule(self, kernel: Kernel, threads: int = 1,
                          weights: Collection[str] = ()) -> GpuSchedule:
-        return default_gpu_schedule(kernel)
+        return default_gpu_schedule(kernel, self.dialect)
 
     def schedule_space(self, kernel: Kernel, threads: int = 1,
                        weights: Collection[str] = ()) -> list[GpuSchedule]:
-        return gpu_schedule_space(kernel) if kernel.numel else []
+        return gpu_schedule_space(kernel, self.dialect) if kernel.numel else []
 
     def schedule_from(self, data: dict[str, Any]) -> GpuSchedule:
         return GpuSchedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
@@ -77,6 +80,19 @@ class GpuTarget(Target):
 
     def deferred(self, program: Program, reason: str) -> Any:
         return DeferredExecutable(pack_weights(program), self.dialect.name, reason, schedules_of(program))
+
+    def launchable(self, program: Program, spaces: dict[str, list[GpuSchedule]]
+                   ) -> tuple[dict[str, list[GpuSchedule]], dict[tuple[str, GpuSchedule], str]]:
+        """spaces without the schedules whose kernel the device cannot launch (registers, shared
+        memory), checked by compiling them all once; and those pruned, each with why."""
+        if self.launch_check is None:
+            return spaces, {}
+        variants, chosen, copies = with_variants(program, spaces)
+        rendered = render_program(pack_weights(variants), self.dialect, chosen)
+        refused = _load(self.launch_check)(rendered.source, {k.name: k.threads for k in rendered.kernels})
+        pruned = {(v.kernel, v.schedule): refused[v.name] for v in copies if v.name in refused}
+        kept = {name: [s for s in space if (name, s) not in pruned] for name, space in spaces.items()}
+        return kept, pruned
 
     def optional_weights(self, program: Program) -> set[str]:
         return packed_reads(program)
@@ -129,6 +145,7 @@ class _Variants:
 
     def __init__(self, target: GpuTarget, program: Program, inputs: list[np.ndarray]):
         spaces = {k.name: target.schedule_space(k) for k in program.kernels}
+        spaces, self.pruned = target.launchable(program, spaces)
         variants, _, copies = with_variants(program, spaces)
         self.exe = target.compile(variants)
         outs = dict(zip(variants.outputs, self.exe.run(inputs)))
@@ -140,7 +157,8 @@ class _Variants:
         if (kernel.name, schedule) not in self.copies:
             raise EclatError(f"schedule {schedule} is not in the space of kernel {kernel.name}")
         name, out = self.copies[(kernel.name, schedule)]
-        if not agrees(out, self.defaults[kernel.name], self.dtypes[kernel.name], **TOLERANCE):
+        tolerance = tf32_tolerance(kernel) if uses_tf32(kernel, schedule) else TOLERANCE
+        if not agrees(out, self.defaults[kernel.name], self.dtypes[kernel.name], **tolerance):
             raise EclatError(f"schedule {schedule} of kernel {kernel.name} computes another result")
         return lambda: self.exe.time_kernel(name) * 1e6
 
