@@ -4,8 +4,11 @@
     python benchmarks/gpu_bench.py --compare opencl,cpu --only mlp_b64,chain_64x1024,matmul_512
 
 Times are medians of CUDA-event timings on the device, without host copies: eclat's kernels
-(CudaExecutable.time_kernels) against torch's forward on CUDA tensors; eclat's full call (with
-copies in and out) is reported too. Every eclat result is checked against torch (rtol 1e-3).
+(CudaExecutable.time_kernels, one graph launch) against torch's forward on CUDA tensors. eclat's
+whole call is timed too, with CUDA tensors in and out (call_ms, each call synchronised; overhead_us
+is call_ms less the kernels' time) and with host arrays (host_call_ms, copies through pinned
+memory). Every eclat result is checked against torch (rtol 1e-3; bf16 workloads 2e-2). TF32 is off
+for torch and eclat (torch.backends.cuda.matmul.allow_tf32 = False) unless --tf32.
 Writes gpu_bench.json and gpu_bench.md to --out (default $OUT, else ./gpu_results).
 --compare T1,T2,... instead times eclat's full call (wall clock, median) on each target, no GPU
 needed (e.g. OpenCL on PoCL against the CPU backend).
@@ -33,17 +36,24 @@ from benchmarks.run import MLP, MatMul, NormChain  # noqa: E402  (the CPU benchm
 from tests.zoo import make_llama  # noqa: E402
 
 
-def _llama():
-    model, _ = make_llama(layers=2, d=256, heads=8, ffn=688, vocab=4096, seq=64)
-    return model, (torch.randint(0, 4096, (1, 64)),)
+def _llama(seq: int = 64):
+    model, _ = make_llama(layers=2, d=256, heads=8, ffn=688, vocab=4096, seq=seq)
+    return model, (torch.randint(0, 4096, (1, seq)),)
+
+
+def _matmul(n: int, dtype: torch.dtype = torch.float32):
+    return MatMul(), (torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype))
 
 
 WORKLOADS = {  # name -> (factory, flops for a GFLOP/s column or None)
     "mlp_b64": (lambda: (MLP(), (torch.randn(64, 512),)), None),
     "chain_64x1024": (lambda: (NormChain(), (torch.randn(64, 1024),)), None),
-    "matmul_512": (lambda: (MatMul(), (torch.randn(512, 512), torch.randn(512, 512))), 2 * 512**3),
-    "matmul_1024": (lambda: (MatMul(), (torch.randn(1024, 1024), torch.randn(1024, 1024))), 2 * 1024**3),
+    "matmul_512": (lambda: _matmul(512), 2 * 512**3),
+    "matmul_1024": (lambda: _matmul(1024), 2 * 1024**3),
+    "matmul_4096": (lambda: _matmul(4096), 2 * 4096**3),
+    "matmul_4096_bf16": (lambda: _matmul(4096, torch.bfloat16), 2 * 4096**3),
     "llama_2x256_seq64": (_llama, None),
+    "llama_2x256_prefill512": (lambda: _llama(512), None),
 }
 
 
@@ -85,14 +95,24 @@ def bench(name: str, args) -> dict:
         t = time.perf_counter()
         fast = eclat.compile(model, inputs, target="cuda", autotune=args.autotune, k=args.k, quiet=True)
         row["eclat_compile_s"] = round(time.perf_counter() - t, 2)
-        got = fast(*inputs)
-        err = float((got - want).abs().max())
-        row["eclat_matches_torch"] = bool(np.allclose(got.numpy(), want.numpy(), rtol=1e-3, atol=1e-3))
-        row["eclat_max_abs_err"] = err
-        row["eclat_kernels_ms"] = fast.executable.time_kernels(repeats=30) * 1e3
-        row["eclat_call_ms"] = wall_median_ms(lambda: fast(*inputs))
         cuda_model = model.cuda()
         cuda_inputs = tuple(x.cuda() for x in inputs)
+        got = fast(*cuda_inputs)
+        assert got.is_cuda, "a call with CUDA tensors returns CUDA tensors"
+        low = want.dtype == torch.bfloat16
+        want, got, host = want.float(), got.float().cpu(), fast(*inputs).float()
+        tol = 2e-2 if low else 1e-3
+        row["eclat_matches_torch"] = bool(torch.allclose(got, want, rtol=tol, atol=tol * abs(want).max()) and
+                                          torch.equal(got, host))
+        row["eclat_max_abs_err"] = float((got - want).abs().max())
+        row["eclat_kernels_ms"] = fast.executable.time_kernels(repeats=30) * 1e3
+
+        def device_call():
+            fast(*cuda_inputs)
+            torch.cuda.synchronize()
+        row["eclat_call_ms"] = wall_median_ms(device_call, repeats=50)
+        row["eclat_overhead_us"] = (row["eclat_call_ms"] - row["eclat_kernels_ms"]) * 1e3
+        row["eclat_host_call_ms"] = wall_median_ms(lambda: fast(*inputs))
         row["torch_eager_ms"] = cuda_median_ms(lambda: cuda_model(*cuda_inputs))
         try:
             t = time.perf_counter()
@@ -129,8 +149,9 @@ def compare(name: str, targets: list[str], args) -> dict:
     return row
 
 
-BENCH_COLUMNS = ["workload", "eclat_kernels_ms", "eclat_call_ms", "torch_eager_ms", "torch_compile_ms",
-                 "eclat_gflops", "torch_eager_gflops", "eclat_matches_torch", "error"]
+BENCH_COLUMNS = ["workload", "eclat_kernels_ms", "eclat_call_ms", "eclat_overhead_us",
+                 "eclat_host_call_ms", "torch_eager_ms", "torch_compile_ms", "eclat_gflops",
+                 "torch_eager_gflops", "eclat_compile_s", "eclat_matches_torch", "error"]
 
 
 def table(rows: list[dict], cols: list[str] = BENCH_COLUMNS) -> str:
@@ -150,7 +171,9 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; later workloads are skipped")
     ap.add_argument("--compare", default="", help="targets to compare by eclat call time, e.g. opencl,cpu")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--tf32", action="store_true", help="let torch and eclat use TF32 for float32 products")
     args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32  # eclat reads it at compile time
     names = [n for n in WORKLOADS if not args.only or n in args.only.split(",")]
     if args.compare:
         targets = args.compare.split(",")

@@ -13,14 +13,16 @@ from ..ir.dtypes import DType
 from ..ir.graph import State
 from ..ir.symbolic import bind_sizes, describe_shape
 from .report import CompileReport
-from .specs import InputSpec, is_array, is_torch, leaves
+from .specs import InputSpec, in_gpu_memory, is_array, is_torch, leaves
 
 
 class CompiledModel:
     """Call with torch tensors or numpy arrays nested as the example inputs were (dicts matched by
     key), or with the flat list of `inputs` as positional arrays; get the same kind back: torch
-    outputs in the model's own structure, numpy outputs as one array or a list. Calls from several
-    threads at once are safe: a CPU program gives each call its own memory, others take turns."""
+    outputs in the model's own structure, numpy outputs as one array or a list. A GPU program also
+    takes tensors in GPU memory (torch CUDA tensors, or anything with __cuda_array_interface__) and
+    returns its outputs there, with no host copy. Calls from several threads at once are safe: a CPU
+    program gives each call its own memory, others take turns."""
 
     def __init__(self, executable: Any, inputs: list[InputSpec], out_spec: Any,
                  report: CompileReport | dict[str, Any], in_structure: Any = None,
@@ -37,8 +39,10 @@ class CompiledModel:
         self._sized = any(not isinstance(n, int) for s in inputs for n in s.shape)  # run-time sizes
         self._torch_dtypes: list[Any] | None = None  # each input's torch dtype, once torch is seen
         # GPU programs keep their buffers on the device: their calls take turns
-        reentrant = getattr(executable, "reentrant", False)
-        self._execute = executable.run if reentrant else _one_at_a_time(executable)
+        reentrant, turns = getattr(executable, "reentrant", False), threading.Lock()
+        self._execute = executable.run if reentrant else _one_at_a_time(executable.run, turns)
+        run_device = getattr(executable, "run_device", None)  # a GPU program: tensors in its memory
+        self._execute_device = None if run_device is None else _one_at_a_time(run_device, turns)
         if self.state_specs:
             self.states = {s.name: s.initial.copy() for s in self.state_specs}
             self._execute = self._stateful(self._execute)
@@ -94,6 +98,8 @@ class CompiledModel:
         if arrays is not None:  # the common torch call: 8 us where the general path below takes 25
             return self._as_torch(self._execute(arrays))
         flat = self._flat(args)
+        if self._execute_device is not None and any(in_gpu_memory(x) for x in flat):
+            return self._device_call(flat)
         use_torch = any(is_torch(x) for x in flat)
         arrays = [self._array(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, flat))]
         if self._sized:  # sizes that vary: each within its bounds, and the inputs agreeing on them
@@ -116,6 +122,47 @@ class CompiledModel:
             raise ValueError(f"the arguments hold {len(flat)} tensors, not the program's {len(self.inputs)}")
         return flat
 
+    def _device_call(self, flat: list[Any]) -> Any:
+        """A call with tensors in GPU memory: checked, run with no host copy, outputs left there."""
+        if self.state_specs:
+            raise ValueError("a model with states (such as a KV cache) takes host tensors, not GPU ones")
+        tensors = [self._device_tensor(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, flat))]
+        for k, (spec, x) in enumerate(zip(self.inputs, tensors)):
+            if spec.index_range and is_torch(x) and x.numel():  # kernels clamp an index, torch raises
+                low, high = spec.index_range
+                if bool(((x < low) | (x >= high)).any()):
+                    raise IndexError(f"input {k} ({spec.name}): an index is out of range: this input indexes "
+                                     f"a dimension of size {high}, valid indices are {low} to {high - 1}")
+        outs = self._execute_device(tensors)
+        if is_torch(tensors[0]) if tensors else False:
+            return self._structured(outs)
+        return outs[0] if len(outs) == 1 else outs
+
+    @staticmethod
+    def _device_tensor(k: int, spec: InputSpec, x: Any) -> Any:
+        """x, a contiguous tensor of spec's dtype and shape in GPU memory (0), or a ValueError."""
+        where = f"input {k} ({spec.name})"
+        if not in_gpu_memory(x):
+            raise ValueError(f"{where}: expected a tensor in GPU memory as the other inputs are, given "
+                             f"{type(x).__name__} on the host")
+        if is_torch(x):
+            got, shape = str(x.dtype).removeprefix("torch."), tuple(x.shape)
+            if x.device.index not in (None, 0):
+                raise ValueError(f"{where}: expected a tensor on cuda:0 (the program's), given {x.device}")
+            x = x.detach().contiguous()
+        else:
+            cai = x.__cuda_array_interface__
+            got, shape = str(np.dtype(cai["typestr"])), tuple(cai["shape"])
+            strides = cai.get("strides")
+            if strides is not None and tuple(strides) != tuple(np.empty(shape, got).strides):
+                raise ValueError(f"{where}: expected a contiguous array, given strides {list(strides)}")
+        want = spec.dtype.name if is_torch(x) else str(np.dtype(spec.dtype.np))
+        if got != want:
+            raise ValueError(f"{where}: expected dtype {want}, given {got}")
+        if shape != spec.shape:
+            raise ValueError(f"{where}: expected shape {list(spec.shape)}, given {list(shape)}")
+        return x
+
     def _as_torch(self, outs: list[np.ndarray]) -> Any:
         """outs as tensors, in the model's own output structure."""
         import torch
@@ -125,6 +172,12 @@ class CompiledModel:
         if program is not None:  # bfloat16 outputs are computed widened (numpy has no bfloat16)
             wide = [program.buffers[n].dtype is DType.bfloat16 for n in program.outputs]
             tensors = [t.to(torch.bfloat16) if w else t for t, w in zip(tensors, wide)]
+        return self._structured(tensors)
+
+    def _structured(self, tensors: list[Any]) -> Any:
+        """tensors in the model's own output structure."""
+        import torch
+
         if isinstance(self.out_spec, str):  # as an artifact stores it: torch's pytree JSON
             try:
                 self.out_spec = torch.utils._pytree.treespec_loads(self.out_spec)
@@ -226,10 +279,8 @@ def _values_checked(specs: list[InputSpec], run: Callable[[list[np.ndarray]], li
     return checked
 
 
-def _one_at_a_time(executable: Any) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    lock = threading.Lock()
-
-    def locked(arrays: list[np.ndarray], wanted: Any = None) -> list[np.ndarray]:
+def _one_at_a_time(run: Callable[[list[Any]], list[Any]], lock: threading.Lock) -> Callable:
+    def locked(arrays: list[Any], wanted: Any = None) -> list[Any]:
         with lock:  # the whole program runs: `wanted` (some outputs only) is the CPU's
-            return executable.run(arrays)
+            return run(arrays)
     return locked

@@ -41,7 +41,12 @@ def is_torch(x: Any) -> bool:
 
 
 def is_array(x: Any) -> bool:
-    return isinstance(x, np.ndarray) or is_torch(x)
+    return isinstance(x, np.ndarray) or is_torch(x) or hasattr(x, "__cuda_array_interface__")
+
+
+def in_gpu_memory(x: Any) -> bool:
+    """x is a tensor in GPU memory: a torch CUDA tensor, or anything with __cuda_array_interface__."""
+    return bool(getattr(x, "is_cuda", False)) if is_torch(x) else hasattr(x, "__cuda_array_interface__")
 
 
 def input_structure(example: Any) -> Any:
