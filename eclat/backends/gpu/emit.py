@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -570,9 +571,10 @@ class _Emitter:
                 self.close()
                 self.close()
 
-    def _tile_share(self, op: _TileOperand, tk: int) -> int:
+    def _tile_share(self, op: Any, tk: int) -> int:
         """Open the loop over this thread's elements p of op's TK x width slice and bind q (the
-        element), kk (its depth) and mm (its row of the tile); returns the blocks opened.
+        element), kk (its depth) and mm (its row of the tile); returns the blocks opened. op: an
+        operand of the tile or the mma strategy (its `width` and `along_k`).
         Consecutive threads take consecutive addresses: along k where op is unit-stride in k (a
         row-major a, a transposed weight b), else along m or n."""
         t, size = self.s.group_size, tk * op.width

@@ -73,23 +73,23 @@ class _Operand:
     smem: str
     regs: str
     use: str  # "matrix_a" or "matrix_b"
-    k_major: bool
+    along_k: bool
 
     def inner(self, tk: int) -> int:
         """The contiguous extent of the slice in shared memory (TK if k-contiguous, else TM or TN)."""
-        return tk if self.k_major else self.width
+        return tk if self.along_k else self.width
 
     def outer(self, tk: int) -> int:
-        return self.width if self.k_major else tk
+        return self.width if self.along_k else tk
 
     @property
     def layout(self) -> str:
-        row_major = self.k_major == (self.use == "matrix_a")  # a's rows run along k, b's along n
+        row_major = self.along_k == (self.use == "matrix_a")  # a's rows run along k, b's along n
         return "wmma::row_major" if row_major else "wmma::col_major"
 
     def at(self, mn: str, kk: str, ld: int) -> str:
         """A pointer to the fragment whose first row (column) is mn of the tile, at depth kk."""
-        row, col = (mn, kk) if self.k_major else (kk, mn)
+        row, col = (mn, kk) if self.along_k else (kk, mn)
         return f"{self.smem} + ({row}) * {ld} + {col}"
 
 
@@ -137,7 +137,7 @@ def render_mma(em: _Emitter) -> None:
     em.open(f"for (int ks = 0; ks <= {slices}; ks++)")
     em.open(f"if (ks < {slices})")  # slice ks into registers
     for op in ops:
-        opened = _share(em, op, tk, threads)
+        opened = em._tile_share(op, tk)
         em.line(f"const int row = {op.tile} * {op.width} + mm, kv = ks * {tk} + kk;")
         if op.var is not None:
             em.bind(op.var, f"row < {op.size} ? row : {op.size - 1}")
@@ -169,8 +169,8 @@ def render_mma(em: _Emitter) -> None:
     em.line(d.barrier)
     em.open(f"if (ks < {slices})")  # the registers to shared memory: the next step's operands
     for op in ops:
-        opened = _share(em, op, tk, threads)
-        index = f"mm * {ld[op.smem]} + kk" if op.k_major else f"kk * {ld[op.smem]} + mm"
+        opened = em._tile_share(op, tk)
+        index = f"mm * {ld[op.smem]} + kk" if op.along_k else f"kk * {ld[op.smem]} + mm"
         em.line(f"{op.smem}[{index}] = {op.regs}[p];")
         for _ in range(opened):
             em.close()
@@ -205,23 +205,6 @@ def _loop(em: _Emitter, var: str, n: int) -> None:
     """Open an unrolled loop of var over 0..n-1 (fragment indices: the arrays stay in registers)."""
     em.line("#pragma unroll")
     em.open(f"for (int {var} = 0; {var} < {n}; {var}++)")
-
-
-def _share(em: _Emitter, op: _Operand, tk: int, threads: int) -> int:
-    """Open the loop over this thread's elements p of op's TK x width slice, binding q (the element),
-    kk (its depth) and mm (its row of the tile), consecutive threads along the slice's contiguous
-    extent; returns the blocks opened."""
-    size = tk * op.width
-    em.line("#pragma unroll")
-    em.open(f"for (int p = 0; p < {-(-size // threads)}; p++)")
-    em.line(f"const int q = lid + p * {threads};")
-    if size % threads:
-        em.open(f"if (q < {size})")
-    if op.k_major:
-        em.line(f"const int kk = q % {tk}, mm = q / {tk};")
-    else:
-        em.line(f"const int kk = q / {op.width}, mm = q % {op.width};")
-    return 2 if size % threads else 1
 
 
 __all__ = ["render_mma"]
