@@ -48,6 +48,8 @@ class CompiledModel:
             self._execute = self._stateful(self._execute)
         if any(s.index_range or s.divisor for s in inputs):  # kernels clamp an index, torch raises
             self._execute = _values_checked(inputs, self._execute)
+            if self._execute_device is not None:
+                self._execute_device = _values_checked(inputs, self._execute_device)
 
     def reset_states(self) -> None:
         """Give every state (a buffer the model updates, such as a KV cache) its initial value."""
@@ -127,14 +129,8 @@ class CompiledModel:
         if self.state_specs:
             raise ValueError("a model with states (such as a KV cache) takes host tensors, not GPU ones")
         tensors = [self._device_tensor(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, flat))]
-        for k, (spec, x) in enumerate(zip(self.inputs, tensors)):
-            if spec.index_range and is_torch(x) and x.numel():  # kernels clamp an index, torch raises
-                low, high = spec.index_range
-                if bool(((x < low) | (x >= high)).any()):
-                    raise IndexError(f"input {k} ({spec.name}): an index is out of range: this input indexes "
-                                     f"a dimension of size {high}, valid indices are {low} to {high - 1}")
         outs = self._execute_device(tensors)
-        if is_torch(tensors[0]) if tensors else False:
+        if tensors and is_torch(tensors[0]):
             return self._structured(outs)
         return outs[0] if len(outs) == 1 else outs
 
@@ -260,20 +256,23 @@ def _describe(spec: InputSpec) -> str:
     return f"{spec.name}: {spec.dtype.name}{describe_shape(spec.shape)}"
 
 
-def _values_checked(specs: list[InputSpec], run: Callable[[list[np.ndarray]], list[np.ndarray]]) -> Callable:
-    """run, after checking what torch would raise on: an index out of its range, an integer divisor 0."""
+def _values_checked(specs: list[InputSpec], run: Callable[[list[Any]], list[Any]]) -> Callable:
+    """run, after checking what torch would raise on: an index out of its range, an integer divisor 0.
+    The arrays are numpy arrays or torch tensors (on any device); other GPU arrays go unchecked."""
     ranges = [(k, s, *s.index_range) for k, s in enumerate(specs) if s.index_range]
     divisors = [(k, s) for k, s in enumerate(specs) if s.divisor]
 
-    def checked(arrays: list[np.ndarray], *rest: Any, **options: Any) -> list[np.ndarray]:
+    def checked(arrays: list[Any], *rest: Any, **options: Any) -> list[Any]:
+        comparable = [isinstance(a, np.ndarray) or is_torch(a) for a in arrays]
         for k, spec, low, high in ranges:
             a = arrays[k]
-            if a.size and (a.min() < low or a.max() >= high):
-                bad = a[(a < low) | (a >= high)].flat[0]
+            outside = (a < low) | (a >= high) if comparable[k] else None
+            if outside is not None and outside.any():
+                bad = int(a[outside].reshape(-1)[0])
                 raise IndexError(f"input {k} ({spec.name}): index {bad} is out of range: this input indexes "
                                  f"a dimension of size {high}, valid indices are {low} to {high - 1}")
         for k, spec in divisors:
-            if not arrays[k].all():
+            if comparable[k] and not arrays[k].all():
                 raise ZeroDivisionError(f"input {k} ({spec.name}) divides integers and holds a zero")
         return run(arrays, *rest, **options)
     return checked

@@ -134,22 +134,18 @@ class CudaExecutable:
             fn.prepare("P" * len(rk.args))
             self._launches[rk.name] = (fn, (rk.groups, 1), (rk.threads, 1, 1), [ptr[a] for a in rk.args])
         # pinned staging for host calls: (buffer, its device pointer, its host array, bytes)
-        self._host_in = [self._staging(n) for n in p.inputs]
-        self._host_out = [self._staging(n) for n in p.outputs]
+        self._host_in = [self._staging(cuda, n) for n in p.inputs]
+        self._host_out = [self._staging(cuda, n) for n in p.outputs]
         self._stream = cuda.Stream()
         self._last_stream: int | None = None
         self._cuda, self._raw = cuda, _STATE["raw"]
         self._graph = self._capture()
         self._ready = True
 
-    def _staging(self, name: str) -> tuple[str, int, np.ndarray, int]:
+    def _staging(self, cuda: Any, name: str) -> tuple[str, int, np.ndarray, int]:
         b = self.program.buffers[name]
-        host = self._cuda_pinned(b.numel, device_dtype(b.dtype))
+        host = cuda.pagelocked_empty(max(b.numel, 1), device_dtype(b.dtype))[:b.numel]
         return name, self._ptr[name], host, host.nbytes
-
-    @staticmethod
-    def _cuda_pinned(n: int, dtype: np.dtype) -> np.ndarray:
-        return _STATE["cuda"].pagelocked_empty(max(n, 1), dtype)[:n]
 
     def _capture(self) -> ctypes.c_void_p | None:
         """Every kernel's launch, captured once on a stream of our own into an executable graph

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,7 +35,6 @@ from ...ir.dtypes import DType
 from ...ir.symbolic import BinOp, Expr, Num, bounds, render
 from ..scope import Scope
 from .dialects import DIALECTS, Dialect
-from .mma import render_mma
 from .packing import PARTS, decode
 from .schedules import (
     GpuSchedule,
@@ -455,7 +455,9 @@ class _Emitter:
         self.close()
 
     def _mma(self) -> None:
-        render_mma(self)  # tensor cores: gpu/mma.py
+        from .mma import render_mma  # tensor cores, built on this emitter (so imported here)
+
+        render_mma(self)
 
     def _attention(self) -> None:
         """One thread per query row (every axis but the last): the keys in turn, an online softmax
@@ -500,16 +502,7 @@ class _Emitter:
         c = tile_contraction(k)
         (tm, tn, tk), (rm, rn) = self.s.tile, self.s.micro
         ty, tx = tm // rm, tn // rn
-        m = k.shape[c.m_axis] if c.m_axis is not None else 1
-        n, depth = k.shape[c.n_axis], c.reduce.size
-        mt, nt, slices = -(-m // tm), -(-n // tn), -(-depth // tk)
-        batch = [a for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
-        self.groups = math.prod(k.shape[a] for a in batch) * mt * nt
-        self.cands = []
-        self.ids()
-        self.line(f"const int tn_ = gid % {nt};")
-        self.line(f"const int tm_ = (gid / {nt}) % {mt};")
-        self.unravel(f"(gid / {nt * mt})", batch)
+        m, n, depth, slices = self._tile_grid(c, tm, tn, tk)
         self.line(f"const int tx = lid % {tx};")
         self.line(f"const int ty = lid / {tx};")
         rv, m_var, n_var = c.reduce.var.name, f"i{c.m_axis}", f"i{c.n_axis}"
@@ -523,18 +516,7 @@ class _Emitter:
         for row in accs:
             self.line("float " + ", ".join(f"{x} = 0.0f" for x in row) + ";")
         self.open(f"for (int ks = 0; ks <= {slices}; ks++)")
-        self.open(f"if (ks < {slices})")
-        for op in ops:
-            opened = self._tile_share(op, tk)
-            self.line(f"const int row = {op.tile} * {op.width} + mm, kv = ks * {tk} + kk;")
-            if op.var is not None:
-                self.bind(op.var, f"row < {op.size} ? row : {op.size - 1}")
-            self.bind(rv, f"kv < {depth} ? kv : {depth - 1}")
-            v = self.emit(op.expr)
-            self.line(f"{op.regs}[p] = (row < {op.size} && kv < {depth}) ? {v} : 0.0f;")
-            for _ in range(opened):
-                self.close()
-        self.close()
+        self._tile_prefetch(ops, rv, tk, depth, slices)
         self.open("if (ks > 0)")  # slice ks - 1, while slice ks's reads are in flight
         self.line("#pragma unroll")
         self.open(f"for (int kk = 0; kk < {tk}; kk++)")
@@ -549,13 +531,7 @@ class _Emitter:
         self.close()
         self.close()
         self.line(d.barrier)
-        self.open(f"if (ks < {slices})")
-        for op in ops:
-            opened = self._tile_share(op, tk)
-            self.line(f"{op.smem}[kk * {op.ld} + mm] = {op.regs}[p];")
-            for _ in range(opened):
-                self.close()
-        self.close()
+        self._tile_store(ops, tk, slices, lambda op: f"kk * {op.ld} + mm")
         self.line(d.barrier)
         self.close()
         for i, row in enumerate(rows):
@@ -570,6 +546,50 @@ class _Emitter:
                 self.store(self.emit(k.body))
                 self.close()
                 self.close()
+
+    def _tile_grid(self, c: Any, tm: int, tn: int, tk: int) -> tuple[int, int, int, int]:
+        """The launch of a contraction c in TM x TN tiles (a group per tile and batch index), its
+        tile indices tm_ and tn_ and batch variables bound; returns (M, N, K, TK-deep slices)."""
+        k = self.k
+        m = k.shape[c.m_axis] if c.m_axis is not None else 1
+        n, depth = k.shape[c.n_axis], c.reduce.size
+        mt, nt = -(-m // tm), -(-n // tn)
+        batch = [a for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
+        self.groups = math.prod(k.shape[a] for a in batch) * mt * nt
+        self.cands = []
+        self.ids()
+        self.line(f"const int tn_ = gid % {nt};")
+        self.line(f"const int tm_ = (gid / {nt}) % {mt};")
+        self.unravel(f"(gid / {nt * mt})", batch)
+        return m, n, depth, -(-depth // tk)
+
+    def _tile_prefetch(self, ops: list[Any], rv: str, tk: int, depth: int, slices: int,
+                       convert: str = "{}") -> None:
+        """Read slice ks of each operand into its registers (op.regs), clamped into range and 0
+        outside it, each value through convert (a template over the value)."""
+        self.open(f"if (ks < {slices})")
+        for op in ops:
+            opened = self._tile_share(op, tk)
+            self.line(f"const int row = {op.tile} * {op.width} + mm, kv = ks * {tk} + kk;")
+            if op.var is not None:
+                self.bind(op.var, f"row < {op.size} ? row : {op.size - 1}")
+            self.bind(rv, f"kv < {depth} ? kv : {depth - 1}")
+            v = self.emit(op.expr)
+            self.line(f"{op.regs}[p] = {convert.format(f'(row < {op.size} && kv < {depth}) ? {v} : 0.0f')};")
+            for _ in range(opened):
+                self.close()
+        self.close()
+
+    def _tile_store(self, ops: list[Any], tk: int, slices: int, index: Callable[[Any], str]) -> None:
+        """Store each operand's registers of slice ks to its shared array at index(op) (a C index
+        over kk and mm): the operands of the next step."""
+        self.open(f"if (ks < {slices})")
+        for op in ops:
+            opened = self._tile_share(op, tk)
+            self.line(f"{op.smem}[{index(op)}] = {op.regs}[p];")
+            for _ in range(opened):
+                self.close()
+        self.close()
 
     def _tile_share(self, op: Any, tk: int) -> int:
         """Open the loop over this thread's elements p of op's TK x width slice and bind q (the

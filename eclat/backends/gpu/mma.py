@@ -40,15 +40,11 @@ output included), masked at the ragged edges.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ...compiler.kernel import KExpr, as_contraction
+from ...compiler.kernel import as_contraction
+from .emit import _Emitter, _TileOperand
 from .schedules import FRAGMENT, mma_operands, unit_stride
-
-if TYPE_CHECKING:
-    from .emit import _Emitter
 
 # fragment kind -> (element type in shared memory, the fragments' k, the float -> element conversion)
 _TYPES = {
@@ -60,20 +56,11 @@ _STAGE_LD = FRAGMENT + 4  # a warp's staging tile: 16 rows of 16 floats, padded 
 
 
 @dataclass(frozen=True)
-class _Operand:
-    """One factor: its expression, tile width (TM or TN) and the problem's size along it, the
-    variable of its row (column) axis (None: a has no row axis), tile index, shared array, registers,
-    which fragment it feeds, and whether it is stored k-contiguous (see the module docstring)."""
+class _Operand(_TileOperand):
+    """A factor as the tile strategy stages it (emit._TileOperand), and which fragment it feeds;
+    stored k-contiguous where along_k (see the module docstring)."""
 
-    expr: KExpr
-    width: int
-    size: int
-    var: str | None
-    tile: str
-    smem: str
-    regs: str
-    use: str  # "matrix_a" or "matrix_b"
-    along_k: bool
+    use: str = "matrix_a"  # or "matrix_b"
 
     def inner(self, tk: int) -> int:
         """The contiguous extent of the slice in shared memory (TK if k-contiguous, else TM or TN)."""
@@ -104,23 +91,14 @@ def render_mma(em: _Emitter) -> None:
     (tm, tn, tk), (wy, wx), threads = s.tile, s.warps, s.group_size
     wm, wn = tm // wy, tn // wx
     fm, fn = wm // FRAGMENT, wn // FRAGMENT
-    m = k.shape[c.m_axis] if c.m_axis is not None else 1
-    n, depth = k.shape[c.n_axis], c.reduce.size
-    mt, nt, slices = -(-m // tm), -(-n // tn), -(-depth // tk)
-    batch = [a for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
-    em.groups = math.prod(k.shape[a] for a in batch) * mt * nt
-    em.cands = []
+    em.line("namespace wmma = nvcuda::wmma;")
+    m, n, depth, slices = em._tile_grid(c, tm, tn, tk)
     rv, m_var, n_var = c.reduce.var.name, f"i{c.m_axis}", f"i{c.n_axis}"
-    ops = [_Operand(c.a, tm, m, m_var if c.m_axis is not None else None, "tm_", "As", "pa", "matrix_a",
-                    unit_stride(c.a, rv)),
-           _Operand(c.b, tn, n, n_var, "tn_", "Bs", "pb", "matrix_b", unit_stride(c.b, rv))]
+    ops = [_Operand(c.a, tm, m, m_var if c.m_axis is not None else None, "tm_", "As", "pa",
+                    unit_stride(c.a, rv), use="matrix_a"),
+           _Operand(c.b, tn, n, n_var, "tn_", "Bs", "pb", unit_stride(c.b, rv), use="matrix_b")]
     ld = {op.smem: op.inner(tk) + pad for op in ops}
 
-    em.line("namespace wmma = nvcuda::wmma;")
-    em.ids()
-    em.line(f"const int tn_ = gid % {nt};")
-    em.line(f"const int tm_ = (gid / {nt}) % {mt};")
-    em.unravel(f"(gid / {nt * mt})", batch)
     em.line("const int warp = lid / 32, lane = lid % 32;")
     em.line(f"const int wy = warp / {wx}, wx = warp % {wx};")
     for op in ops:
@@ -135,18 +113,7 @@ def render_mma(em: _Emitter) -> None:
     em.close()
 
     em.open(f"for (int ks = 0; ks <= {slices}; ks++)")
-    em.open(f"if (ks < {slices})")  # slice ks into registers
-    for op in ops:
-        opened = em._tile_share(op, tk)
-        em.line(f"const int row = {op.tile} * {op.width} + mm, kv = ks * {tk} + kk;")
-        if op.var is not None:
-            em.bind(op.var, f"row < {op.size} ? row : {op.size - 1}")
-        em.bind(rv, f"kv < {depth} ? kv : {depth - 1}")
-        v = em.emit(op.expr)
-        em.line(f"{op.regs}[p] = {convert.format(f'(row < {op.size} && kv < {depth}) ? {v} : 0.0f')};")
-        for _ in range(opened):
-            em.close()
-    em.close()
+    em._tile_prefetch(ops, rv, tk, depth, slices, convert)  # slice ks into registers
     em.open("if (ks > 0)")  # slice ks - 1 on the tensor cores, while slice ks's reads are in flight
     em.line("#pragma unroll")
     em.open(f"for (int kk = 0; kk < {tk}; kk += {kf})")
@@ -167,14 +134,8 @@ def render_mma(em: _Emitter) -> None:
     em.close()
     em.close()
     em.line(d.barrier)
-    em.open(f"if (ks < {slices})")  # the registers to shared memory: the next step's operands
-    for op in ops:
-        opened = em._tile_share(op, tk)
-        index = f"mm * {ld[op.smem]} + kk" if op.along_k else f"kk * {ld[op.smem]} + mm"
-        em.line(f"{op.smem}[{index}] = {op.regs}[p];")
-        for _ in range(opened):
-            em.close()
-    em.close()
+    em._tile_store(ops, tk, slices, lambda op: f"mm * {ld[op.smem]} + kk" if op.along_k
+                   else f"kk * {ld[op.smem]} + mm")
     em.line(d.barrier)
     em.close()
 
