@@ -35,9 +35,11 @@ from ...ir.dtypes import DType
 from ...ir.symbolic import BinOp, Expr, Num, bounds, render
 from ..scope import Scope
 from .dialects import DIALECTS, Dialect
+from .mma import render_mma
 from .packing import PARTS, decode
 from .schedules import (
     GpuSchedule,
+    TileOperand,
     default_gpu_schedule,
     mma_operands,
     row_axes,
@@ -455,7 +457,6 @@ class _Emitter:
         self.close()
 
     def _mma(self) -> None:
-        from .mma import render_mma  # tensor cores, built on this emitter (so imported here)
 
         render_mma(self)
 
@@ -506,9 +507,9 @@ class _Emitter:
         self.line(f"const int tx = lid % {tx};")
         self.line(f"const int ty = lid / {tx};")
         rv, m_var, n_var = c.reduce.var.name, f"i{c.m_axis}", f"i{c.n_axis}"
-        ops = [_TileOperand(c.a, tm, m, m_var if c.m_axis is not None else None, "tm_", "As", "pa",
+        ops = [TileOperand(c.a, tm, m, m_var if c.m_axis is not None else None, "tm_", "As", "pa",
                             unit_stride(c.a, rv)),
-               _TileOperand(c.b, tn, n, n_var, "tn_", "Bs", "pb", unit_stride(c.b, rv))]
+               TileOperand(c.b, tn, n, n_var, "tn_", "Bs", "pb", unit_stride(c.b, rv))]
         for op in ops:
             self.shared[op.smem] = f"{d.shared}{d.shared_align} float {op.smem}[{tk * op.ld}];"
             self.line(f"float {op.regs}[{-(-tk * op.width // self.s.group_size)}];")
@@ -608,27 +609,6 @@ class _Emitter:
         else:
             self.line(f"const int kk = q / {op.width}, mm = q % {op.width};")
         return 2 if size % t else 1
-
-
-@dataclass(frozen=True)
-class _TileOperand:
-    """One factor of a tile contraction: its expression, tile width (TM or TN), the size and
-    variable of its axis (None: a has no row axis), tile index, shared array and registers."""
-
-    expr: KExpr
-    width: int
-    size: int
-    var: str | None
-    tile: str
-    smem: str
-    regs: str
-    along_k: bool  # unit-stride in k: read along k, stored down a column of the slice
-
-    @property
-    def ld(self) -> int:
-        """The slice's row length: a column's stores of consecutive threads would share banks
-        TM (TN) apart, padded by 4 floats they fall in distinct ones, rows still 16-byte aligned."""
-        return self.width + 4 if self.along_k else self.width
 
 
 def _lanes(r: int, threads: int, var: str) -> list[str]:

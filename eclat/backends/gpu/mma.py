@@ -41,10 +41,13 @@ output included), masked at the ragged edges.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...compiler.kernel import as_contraction
-from .emit import _Emitter, _TileOperand
-from .schedules import FRAGMENT, mma_operands, unit_stride
+from .schedules import FRAGMENT, TileOperand, mma_operands, unit_stride
+
+if TYPE_CHECKING:
+    from .emit import _Emitter
 
 # fragment kind -> (element type in shared memory, the fragments' k, the float -> element conversion)
 _TYPES = {
@@ -56,8 +59,8 @@ _STAGE_LD = FRAGMENT + 4  # a warp's staging tile: 16 rows of 16 floats, padded 
 
 
 @dataclass(frozen=True)
-class _Operand(_TileOperand):
-    """A factor as the tile strategy stages it (emit._TileOperand), and which fragment it feeds;
+class _Operand(TileOperand):
+    """A factor as the tile strategy stages it (schedules.TileOperand), and which fragment it feeds;
     stored k-contiguous where along_k (see the module docstring)."""
 
     use: str = "matrix_a"  # or "matrix_b"

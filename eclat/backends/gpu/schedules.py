@@ -303,7 +303,28 @@ def unit_stride(e: KExpr, var: str) -> bool:
     return [c for c, a in terms(e.index) if isinstance(a, Var) and a.name == var] == [1]
 
 
+@dataclass(frozen=True)
+class TileOperand:
+    """One factor of a tile contraction: its expression, tile width (TM or TN), the size and
+    variable of its axis (None: a has no row axis), tile index, shared array and registers."""
+
+    expr: KExpr
+    width: int
+    size: int
+    var: str | None
+    tile: str
+    smem: str
+    regs: str
+    along_k: bool  # unit-stride in k: read along k, stored down a column of the slice
+
+    @property
+    def ld(self) -> int:
+        """The slice's row length: a column's stores of consecutive threads would share banks
+        TM (TN) apart, padded by 4 floats they fall in distinct ones, rows still 16-byte aligned."""
+        return self.width + 4 if self.along_k else self.width
+
+
 __all__ = ["FRAGMENT", "MATVEC_ROWS", "MAX_THREADS", "MMA_TILES", "MMA_TYPES", "ROW_MIN_REDUCE",
-           "STRATEGIES", "GpuSchedule", "default_gpu_schedule", "gpu_schedule_space", "mma_contraction",
-           "mma_operands", "mma_shared_bytes", "row_axes", "tf32_allowed", "tf32_tolerance",
-           "tile_contraction", "unit_stride", "uses_tf32", "vector_loads", "vector_ok"]
+           "STRATEGIES", "GpuSchedule", "TileOperand", "default_gpu_schedule", "gpu_schedule_space",
+           "mma_contraction", "mma_operands", "mma_shared_bytes", "row_axes", "tf32_allowed",
+           "tf32_tolerance", "tile_contraction", "unit_stride", "uses_tf32", "vector_loads", "vector_ok"]
