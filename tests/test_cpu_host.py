@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+import eclat
 from eclat.backends.cpu import host
 from eclat.backends.cpu.codegen import build_module
 from eclat.backends.cpu.contraction import contraction_of
@@ -240,6 +241,51 @@ def test_kernel_functions_compile_once_per_process():
     assert len(jit._code) == compiled and set(second.module.kernels) == set(first.module.kernels)
     x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
     np.testing.assert_array_equal(first.run([x])[0], second.run([x])[0])
+
+
+def test_kernel_code_is_kept_on_disk_for_the_next_process(tmp_path, monkeypatch):
+    """A kernel's emitted IR and object code are kept under <cache_dir>/code: a process that has
+    neither in memory (the caches cleared here) builds the same model emitting and optimising
+    nothing, and runs the same. A damaged file is a miss, compiled and written again; with
+    ECLAT_CODE_STORE=0 nothing is written."""
+    from eclat.backends.cpu import codegen, jit, llvm_worker
+    from eclat.backends.cpu.emitter import KernelEmitter
+
+    monkeypatch.setenv("ECLAT_CACHE_DIR", str(tmp_path))
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+
+    def fresh_build():
+        jit._code.clear()
+        codegen._emitted.clear()
+        torch.manual_seed(0)
+        return CpuExecutable(_program(Block().eval(), (torch.randn(2, 3, 8, 8),)))
+
+    want = fresh_build().run([x])[0]
+    stored = sorted(p.name for p in (tmp_path / "code").iterdir())
+    assert any(n.startswith("function-") for n in stored) and any(n.startswith("object-") for n in stored)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled again")
+    with monkeypatch.context() as m:
+        m.setattr(llvm_worker, "compile_all", refuse)
+        m.setattr(jit, "compile_all", refuse)
+        m.setattr(KernelEmitter, "function", refuse)
+        np.testing.assert_array_equal(fresh_build().run([x])[0], want)
+
+    damaged = next(p for p in (tmp_path / "code").iterdir() if p.name.startswith("object-"))
+    damaged.write_bytes(damaged.read_bytes()[:-10] + b"0123456789")
+    np.testing.assert_array_equal(fresh_build().run([x])[0], want)
+    assert sorted(p.name for p in (tmp_path / "code").iterdir()) == stored  # rewritten, not added
+    assert not damaged.read_bytes().endswith(b"0123456789")
+
+    monkeypatch.setenv("ECLAT_CACHE_DIR", str(tmp_path / "off"))
+    monkeypatch.setenv("ECLAT_CODE_STORE", "0")
+    np.testing.assert_array_equal(fresh_build().run([x])[0], want)
+    assert not (tmp_path / "off").exists()
+
+    monkeypatch.delenv("ECLAT_CODE_STORE")  # a compile's cache_dir= holds its code too
+    eclat.compile(nn.Linear(5, 3), (torch.randn(2, 5),), autotune="none", cache_dir=tmp_path / "option")
+    assert any((tmp_path / "option" / "code").iterdir())
 
 
 def _kernel_texts(n: int) -> list[str]:

@@ -5,14 +5,31 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 
 ENV_VAR = "ECLAT_CACHE_DIR"
+_compiling_with: ContextVar[str | os.PathLike | None] = ContextVar("eclat_cache_dir", default=None)
+
+
+@contextmanager
+def caching_in(folder: str | os.PathLike | None) -> Iterator[None]:
+    """Inside the block, cache_dir() is folder where one is given (a compile's cache_dir= option,
+    for what its backend keeps, such as compiled kernels)."""
+    token = _compiling_with.set(folder if folder is not None else _compiling_with.get())
+    try:
+        yield
+    finally:
+        _compiling_with.reset(token)
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """The cache folder: override if given, else $ECLAT_CACHE_DIR, else ~/.cache/eclat (not created here)."""
+    """The cache folder: override if given, else the enclosing compile's (caching_in), else
+    $ECLAT_CACHE_DIR, else ~/.cache/eclat (not created here)."""
+    override = _compiling_with.get() if override is None else override
     if override is not None:
         return Path(override).expanduser()
     env = os.environ.get(ENV_VAR)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..autotune.cache import caching_in
 from ..autotune.measure import measure
 from ..autotune.progress import progress
 from ..autotune.roofline import estimate_us
@@ -90,7 +91,7 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
 
     structure = input_structure(example_inputs)
     arrays = [to_numpy(x) for x in leaves(example_inputs, structure, "example_inputs")]
-    with recording() as spent:
+    with recording() as spent, caching_in(cache_dir):  # what the backend keeps goes there too
         with phase("lower"):
             graph = lower(model, example_inputs, dynamic_shapes=dynamic_shapes)
         _check_bounded(graph)

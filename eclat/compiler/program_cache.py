@@ -77,12 +77,12 @@ def read(path: Path, schedule_from: Any) -> tuple[Program, bool, dict[str, Any]]
         return None
 
 
-def trim(folder: Path, limit: int = PROGRAM_CACHE_BYTES) -> None:
-    """Delete the least recently used programs until the folder holds at most limit bytes (each
-    holds its model's weights, and every eclat version and model makes new ones). A program is
-    used when written or read (reading touches it)."""
+def trim(folder: Path, limit: int = PROGRAM_CACHE_BYTES, pattern: str = "*.zip") -> None:
+    """Delete the least recently used files matching pattern (programs) until the folder holds at
+    most limit bytes (each holds its model's weights, and every eclat version and model makes new
+    ones). A file is used when written or read (reading touches it)."""
     files = []
-    for f in folder.glob("*.zip"):
+    for f in folder.glob(pattern):
         try:
             st = f.stat()
         except OSError:  # another process trimmed it

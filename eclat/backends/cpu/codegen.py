@@ -27,13 +27,15 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 import numpy as np
 
+from ...autotune.cache import source_version
 from ...compiler.kernel import Buffer, Kernel, Program, as_attention, bytes_moved, flops
 from ...compiler.memplan import MemoryPlan
-from ...ir.symbolic import Num, Var, sint, upper
-from . import host
+from ...ir.symbolic import Num, Var, sint, size_from_json, size_to_json, upper
+from . import code_store, host
 from .attention import AttentionEmitter, attention_parts
 from .contraction import PACKED, ContractionEmitter, contraction_of
 from .emitter import INDEX_OPS, KERNEL_TYPE, SIZES, KernelEmitter
+from .jit import code_environment, prepared_text
 from .scalar import I8, I32, I64, PTR, i64
 
 # below both, handing a kernel to the pool costs more than it saves; a copy above the bytes
@@ -41,7 +43,7 @@ from .scalar import I8, I32, I64, PTR, i64
 PARALLEL_MIN_FLOPS = 200_000
 PARALLEL_MIN_BYTES = 256 * 1024
 EMITTED_FUNCTIONS = 4096  # kernel functions kept emitted in this process, least recently used out
-_emitted: OrderedDict[str, tuple[sint, ir.Module]] = OrderedDict()  # function name -> (outer, module)
+_emitted: OrderedDict[str, tuple[sint, str]] = OrderedDict()  # function name -> (outer, IR text)
 _emitted_lock = threading.Lock()
 
 
@@ -50,7 +52,7 @@ class Module:
     """What codegen hands the JIT and the runtime."""
 
     ir: ir.Module  # the entry points, calling the kernel functions
-    kernels: dict[str, ir.Module]  # kernel function name -> the module that defines it alone
+    kernels: dict[str, str]  # kernel function name -> the IR text of the module defining it alone
     functions: dict[str, str]  # kernel name -> the name of the function that runs it
     slot_names: list[str]  # buffers passed to eclat_run, in order (arena last, as "<arena>")
     packed: dict[str, np.ndarray]  # constant buffers made at compile time (packed weights)
@@ -113,7 +115,7 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
     used: set[str] = set()
     parallel: list[str] = []
     functions: dict[str, tuple[str, sint]] = {}
-    kernels: dict[str, ir.Module] = {}
+    kernels: dict[str, str] = {}
     for k in program.kernels:
         em = emitter(ir.Module(name=k.name), k, program.buffers, packed, lanes, program.sizes)
         key = em.key()
@@ -133,22 +135,37 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
                   packed, parallel, used, lanes)
 
 
-def _function(em: KernelEmitter, key: str, lanes: int) -> tuple[str, sint, ir.Module]:
-    """(name, outer loop length, module) of em's kernel function. Named by its code: equal kernels
+def _function(em: KernelEmitter, key: str, lanes: int) -> tuple[str, sint, str]:
+    """(name, outer loop length, IR text) of em's kernel function. Named by its code: equal kernels
     of any program are one function, emitted once per process (the candidates of a compile and the
-    schedules a tuner tries share most of them) and compiled once (jit)."""
+    schedules a tuner tries share most of them) and kept on disk for the next (code_store), and
+    compiled once (jit)."""
     fn_name = f"eclat_{hashlib.sha256(f'{lanes}|{key}'.encode()).hexdigest()[:24]}"
     with _emitted_lock:
         if fn_name in _emitted:
             _emitted.move_to_end(fn_name)
             return (fn_name, *_emitted[fn_name])
-    outer = em.function(fn_name)
-    em.mod.name = fn_name  # its text, and so its cached code, depends on nothing else
+    stored_key = f"{fn_name}|{source_version()}|{code_environment()}"
+    made = _stored_function(stored_key)
+    if made is None:
+        outer = em.function(fn_name)
+        em.mod.name = fn_name  # its text, and so its cached code, depends on nothing else
+        made = outer, prepared_text(em.mod)
+        code_store.write("function", stored_key, size_to_json(outer), [made[1].encode()])
     with _emitted_lock:
-        _emitted[fn_name] = (outer, em.mod)
+        _emitted[fn_name] = made
         while len(_emitted) > EMITTED_FUNCTIONS:
             _emitted.popitem(last=False)
-    return fn_name, outer, em.mod
+    return (fn_name, *made)
+
+
+def _stored_function(key: str) -> tuple[sint, str] | None:
+    kept = code_store.read("function", key)
+    try:
+        return (size_from_json(kept[0]), kept[1][0].decode()) if kept is not None and len(kept[1]) == 1 \
+            else None
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[str],

@@ -13,6 +13,7 @@ from typing import Any
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
+from . import code_store
 from .llvm_worker import compile_all, compiled, machine, optimised
 from .threads import pool_address, pool_unavailable
 
@@ -77,42 +78,65 @@ def _prepared(module: Any, tm: llvm.TargetMachine) -> str:
     return _loop_ids(str(module))
 
 
-CODE_KEY = "_eclat_code_key"  # the attribute a kernel module keeps its code's cache key in
 CODE_CACHE_BYTES = 256 << 20  # compiled kernel functions kept in this process, least recently used out
 _code: OrderedDict[str, tuple[bytes, str]] = OrderedDict()  # IR digest -> (object code, optimised IR)
 _code_bytes = 0  # what _code holds
 _code_lock = threading.Lock()
 
 
-def kernel_codes(modules: list[ir.Module]) -> list[tuple[bytes, str]]:
-    """The object code and optimised IR of modules each holding one kernel function. Compiled once
-    per process: the candidates of a compile, the layers of a model and the schedules a tuner tries
-    share most kernels, and optimising them is most of a build's time. What is new is compiled on
-    every core (llvm_worker)."""
+@cache
+def code_environment() -> str:
+    """What a kernel's code depends on besides its IR text: LLVM's version and the host."""
     tm = target_machine()
     cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-    keys, texts, by_key = [], {}, {}
-    for module in modules:
-        key = getattr(module, CODE_KEY, None)  # a module emitted once is asked for again (codegen._function)
-        if key is None:
-            text = _prepared(module, tm)
-            key = hashlib.sha256(f"{llvm.llvm_version_info}|{tm.triple}|{cpu}|{features}|{text}".encode()
-                                 ).hexdigest()
-            setattr(module, CODE_KEY, key)
-            texts[key] = text
+    return f"{llvm.llvm_version_info}|{tm.triple}|{cpu}|{features}"
+
+
+def prepared_text(module: ir.Module) -> str:
+    """A kernel module's IR text as the host's code is compiled from."""
+    return _prepared(module, target_machine())
+
+
+def kernel_codes(kernels: list[ir.Module | str]) -> list[tuple[bytes, str]]:
+    """The object code and optimised IR of kernels, modules (or their prepared_text) each holding
+    one kernel function. Compiled once per process and kept on disk (code_store): the candidates
+    of a compile, the layers of a model and the schedules a tuner tries share most kernels, a second
+    compile of a model all of them, and optimising them is most of a build's time. What is new is
+    compiled on every core (llvm_worker)."""
+    env = code_environment()
+    texts = {}
+    keys = []
+    for kernel in kernels:
+        text = kernel if isinstance(kernel, str) else prepared_text(kernel)
+        key = hashlib.sha256(f"{env}|{text}".encode()).hexdigest()
+        texts[key] = text
         keys.append(key)
-        by_key[key] = module
     with _code_lock:
         for key in keys:
             if key in _code:
                 _code.move_to_end(key)
         missing = [k for k in dict.fromkeys(keys) if k not in _code]
+    stored = {k: kept for k in missing if (kept := _stored_code(k)) is not None}
+    missing = [k for k in missing if k not in stored]
+    made = {}
     if missing:
-        sources = [texts.get(k) or _prepared(by_key[k], tm) for k in missing]
-        made = compile_all(cpu, features, sources, lambda text: compiled(text, tm))
-        _keep(dict(zip(missing, made)))
+        tm = target_machine()
+        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+        made = dict(zip(missing, compile_all(cpu, features, [texts[k] for k in missing],
+                                             lambda text: compiled(text, tm))))
+        if [code_store.write("object", k, None, [obj, opt.encode()]) for k, (obj, opt) in made.items()]:
+            code_store.trim()
+    _keep(stored | made)
     with _code_lock:
         return [_code[k] for k in keys]
+
+
+def _stored_code(key: str) -> tuple[bytes, str] | None:
+    kept = code_store.read("object", key)
+    if kept is None or len(kept[1]) != 2:
+        return None
+    obj, opt = kept[1]
+    return obj, opt.decode()
 
 
 def _keep(made: dict[str, tuple[bytes, str]]) -> None:
@@ -133,7 +157,7 @@ def linked(module: Any) -> llvm.ModuleRef:
     tm = target_machine()
     whole = llvm.parse_assembly(_prepared(module.ir, tm))
     for kernel in module.kernels.values():
-        whole.link_in(llvm.parse_assembly(_prepared(kernel, tm)))
+        whole.link_in(llvm.parse_assembly(kernel if isinstance(kernel, str) else _prepared(kernel, tm)))
     return whole
 
 
@@ -141,7 +165,7 @@ class Jitted:
     """Compiled code: a module's (one that defines all it calls), or a codegen Module's entry points
     with its kernels' cached object code. Keeps the engine alive for as long as its code is used."""
 
-    def __init__(self, module: Any, kernels: dict[str, ir.Module] | None = None):
+    def __init__(self, module: Any, kernels: dict[str, ir.Module | str] | None = None):
         tm = target_machine()
         self.kernel_code = kernel_codes(list((kernels or {}).values()))
         self.llvm_module = optimised(_prepared(module, tm), tm)
