@@ -232,12 +232,22 @@ def walk(e: KExpr) -> list[KExpr]:
     return order
 
 
+def _kept(e: KExpr, name: str, kinds: tuple[type, ...]) -> list:
+    """The subexpressions of e of kinds, found once per node (nodes are immutable; grouping and
+    code generation ask for a kernel's reductions and loads thousands of times)."""
+    found = e.__dict__.get(name)
+    if found is None:
+        found = tuple(x for x in walk(e) if isinstance(x, kinds))
+        object.__setattr__(e, name, found)
+    return list(found)
+
+
 def reduces(e: KExpr) -> list[Reduce]:
-    return [x for x in walk(e) if isinstance(x, Reduce)]
+    return _kept(e, "_reduces", (Reduce,))
 
 
 def loads(e: KExpr) -> list[Load | Gather]:
-    return [x for x in walk(e) if isinstance(x, (Load, Gather))]
+    return _kept(e, "_loads", (Load, Gather))
 
 
 def pruned(e: KExpr) -> KExpr:

@@ -60,6 +60,7 @@ class Shared:
     made: dict[tuple, tuple[Node, np.ndarray]] = field(default_factory=dict)
     ids: dict[tuple, int] = field(default_factory=dict)  # (op, arg, shape, dtype, operand ids) -> id
     stored: dict[int, np.ndarray | None] = field(default_factory=dict)  # id -> the value to store, if any
+    digests: dict[int, tuple[np.ndarray, str]] = field(default_factory=dict)  # id(array) -> (it, its digest)
 
 
 def fold_weights(graph: Graph, shared: Shared | None = None) -> Graph:
@@ -87,7 +88,8 @@ def fold_weights(graph: Graph, shared: Shared | None = None) -> Graph:
         if n.op == "view" and id(n) not in chosen and id(n.srcs[0]) in chosen and srcs[0].op == "view":
             chosen[id(n)] = _stored(n, _value(n, graph, values))  # a view of a folded broadcast folds too
         if id(n) in chosen:
-            new[id(n)] = _leaf(n, chosen[id(n)], sources[id(n)], graph.weights, weights, made, id(n) in whole)
+            new[id(n)] = _leaf(n, chosen[id(n)], sources[id(n)], graph.weights, weights, shared,
+                               id(n) in whole)
         elif all(a is b for a, b in zip(srcs, n.srcs)):
             new[id(n)] = n
         else:
@@ -211,15 +213,15 @@ def _stored(n: Node, value: np.ndarray) -> np.ndarray:
 
 
 def _leaf(n: Node, stored: np.ndarray, sources: dict[str, int], taken: dict[str, np.ndarray],
-          weights: dict[str, np.ndarray], made: dict[tuple, tuple[Node, np.ndarray]],
-          whole: bool = False) -> Node:
+          weights: dict[str, np.ndarray], shared: Shared, whole: bool = False) -> Node:
     """The folded value: a constant if one number (unless whole: a leaf of n's shape, which a view
     may read), else a weight, read through a broadcast view where stored repeats."""
     if stored.size == 1 and not whole:
         return g.expand_to(g.const(stored.item(), n.dtype), n.shape)
     whole = whole or stored.shape == tuple(n.shape)
     squeezed = stored if whole else stored.reshape([d for d in stored.shape if d != 1])
-    key = (n.dtype, squeezed.shape, hashlib.sha1(squeezed.tobytes()).hexdigest())
+    key = (n.dtype, squeezed.shape, _digest(stored, shared.digests))
+    made = shared.made
     if key not in made:
         names = sorted(sources) or ["iota"]  # sorted: a commuted candidate's fold gets the same name
         src = n
@@ -233,3 +235,12 @@ def _leaf(n: Node, stored: np.ndarray, sources: dict[str, int], taken: dict[str,
         weights[name] = squeezed
         made[key] = g.weight(name, squeezed, n.dtype), squeezed
     return g.movement(made[key][0], lambda v: v.reshape(stored.shape).expand(n.shape))
+
+
+def _digest(stored: np.ndarray, digests: dict[int, tuple[np.ndarray, str]]) -> str:
+    """A digest of stored's bytes, computed once per array (the candidates share their folded values;
+    the array is kept with it, so that its id is not reused)."""
+    kept = digests.get(id(stored))
+    if kept is None or kept[0] is not stored:
+        kept = digests[id(stored)] = stored, hashlib.sha1(np.ascontiguousarray(stored).tobytes()).hexdigest()
+    return kept[1]
