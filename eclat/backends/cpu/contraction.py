@@ -203,9 +203,13 @@ class ContractionEmitter(KernelEmitter):
         name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
             data = np.asarray(source.data)
-            if varying:
-                packs = [np.concatenate([packed_panels(data, _at_batch(b.index, dict(zip(batch, at))), n_var,
-                                                       k_var, n, kk, nr)[0] for at in np.ndindex(*sizes)])]
+            if varying:  # each batch's panels in turn, made once while held (candidates share them)
+                def each() -> list[np.ndarray]:
+                    at_batch = [_at_batch(b.index, dict(zip(batch, at))) for at in np.ndindex(*sizes)]
+                    return [np.concatenate([packed_panels(data, i, n_var, k_var, n, kk, nr)[0]
+                                            for i in at_batch])]
+                packs = derived(data, ("batched", str(b.index), n_var, k_var, n, kk, nr, tuple(batch),
+                                       tuple(sizes)), each)
             else:
                 packs = packed_panels(data, b.index, n_var, k_var, n, kk, nr, source.format)
             fmt = source.format if len(packs) > 1 or packs[0].dtype != np.float32 else None
