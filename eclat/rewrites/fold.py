@@ -242,5 +242,5 @@ def _digest(stored: np.ndarray, digests: dict[int, tuple[np.ndarray, str]]) -> s
     the array is kept with it, so that its id is not reused)."""
     kept = digests.get(id(stored))
     if kept is None or kept[0] is not stored:
-        kept = digests[id(stored)] = stored, hashlib.sha1(np.ascontiguousarray(stored).tobytes()).hexdigest()
+        kept = digests[id(stored)] = stored, hashlib.sha1(stored.tobytes()).hexdigest()  # C order
     return kept[1]

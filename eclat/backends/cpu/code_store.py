@@ -23,14 +23,15 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from ...autotune.cache import cache_dir
+from ...compiler.program_cache import trim as lru_trim
+
 CODE_STORE_BYTES = 512 << 20
 ENV_VAR = "ECLAT_CODE_STORE"
 _MAGIC = b"eclat-code-1\n"
 
 
 def _folder() -> Path | None:
-    from ...autotune.cache import cache_dir
-
     return None if os.environ.get(ENV_VAR, "1") == "0" else cache_dir() / "code"
 
 
@@ -38,8 +39,8 @@ def _path(folder: Path, kind: str, key: str) -> Path:
     return folder / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:40]}.bin"
 
 
-def read(kind: str, key: str) -> tuple[Any, list[bytes]] | None:
-    """(header, blobs) kept for key, or None."""
+def read(kind: str, key: str, parts: int) -> tuple[Any, list[bytes]] | None:
+    """(header, its parts blobs) kept for key, or None."""
     folder = _folder()
     if folder is None:
         return None
@@ -54,7 +55,7 @@ def read(kind: str, key: str) -> tuple[Any, list[bytes]] | None:
         raw = zlib.decompress(body)
         head, _, rest = raw.partition(b"\n")
         entry = json.loads(head)
-        if entry["key"] != key:  # two keys with one file name
+        if entry["key"] != key or len(entry["sizes"]) != parts:  # two keys with one file name
             return None
         blobs, at = [], 0
         for n in entry["sizes"]:
@@ -89,8 +90,6 @@ def write(kind: str, key: str, header: Any, blobs: list[bytes]) -> bool:
 
 def trim() -> None:
     """The folder cut to CODE_STORE_BYTES, least recently used first."""
-    from ...compiler.program_cache import trim as lru_trim
-
     folder = _folder()
     if folder is not None and folder.is_dir():
         lru_trim(folder, CODE_STORE_BYTES, "*.bin")

@@ -160,11 +160,10 @@ def _function(em: KernelEmitter, key: str, lanes: int) -> tuple[str, sint, str]:
 
 
 def _stored_function(key: str) -> tuple[sint, str] | None:
-    kept = code_store.read("function", key)
+    kept = code_store.read("function", key, parts=1)
     try:
-        return (size_from_json(kept[0]), kept[1][0].decode()) if kept is not None and len(kept[1]) == 1 \
-            else None
-    except (ValueError, UnicodeDecodeError):
+        return None if kept is None else (size_from_json(kept[0]), kept[1][0].decode())
+    except (ValueError, UnicodeDecodeError):  # a foreign header or text: emitted afresh
         return None
 
 

@@ -59,8 +59,14 @@ def target_machine() -> llvm.TargetMachine:
     return _host_machine()
 
 
+@cache
+def _host_cpu() -> tuple[str, str]:
+    """LLVM's name and features of the host CPU."""
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
 def _host_machine() -> llvm.TargetMachine:
-    return machine(llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    return machine(*_host_cpu())
 
 
 def _loop_ids(text: str) -> str:
@@ -87,9 +93,8 @@ _code_lock = threading.Lock()
 @cache
 def code_environment() -> str:
     """What a kernel's code depends on besides its IR text: LLVM's version and the host."""
-    tm = target_machine()
-    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-    return f"{llvm.llvm_version_info}|{tm.triple}|{cpu}|{features}"
+    cpu, features = _host_cpu()
+    return f"{llvm.llvm_version_info}|{target_machine().triple}|{cpu}|{features}"
 
 
 def prepared_text(module: ir.Module) -> str:
@@ -121,22 +126,19 @@ def kernel_codes(kernels: list[ir.Module | str]) -> list[tuple[bytes, str]]:
     made = {}
     if missing:
         tm = target_machine()
-        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-        made = dict(zip(missing, compile_all(cpu, features, [texts[k] for k in missing],
+        made = dict(zip(missing, compile_all(*_host_cpu(), [texts[k] for k in missing],
                                              lambda text: compiled(text, tm))))
-        if [code_store.write("object", k, None, [obj, opt.encode()]) for k, (obj, opt) in made.items()]:
-            code_store.trim()
+        for k, (obj, opt) in made.items():
+            code_store.write("object", k, None, [obj, opt.encode()])
+        code_store.trim()
     _keep(stored | made)
     with _code_lock:
         return [_code[k] for k in keys]
 
 
 def _stored_code(key: str) -> tuple[bytes, str] | None:
-    kept = code_store.read("object", key)
-    if kept is None or len(kept[1]) != 2:
-        return None
-    obj, opt = kept[1]
-    return obj, opt.decode()
+    kept = code_store.read("object", key, parts=2)
+    return None if kept is None else (kept[1][0], kept[1][1].decode())
 
 
 def _keep(made: dict[str, tuple[bytes, str]]) -> None:
@@ -157,7 +159,7 @@ def linked(module: Any) -> llvm.ModuleRef:
     tm = target_machine()
     whole = llvm.parse_assembly(_prepared(module.ir, tm))
     for kernel in module.kernels.values():
-        whole.link_in(llvm.parse_assembly(kernel if isinstance(kernel, str) else _prepared(kernel, tm)))
+        whole.link_in(llvm.parse_assembly(kernel))  # codegen's prepared text
     return whole
 
 
@@ -165,7 +167,7 @@ class Jitted:
     """Compiled code: a module's (one that defines all it calls), or a codegen Module's entry points
     with its kernels' cached object code. Keeps the engine alive for as long as its code is used."""
 
-    def __init__(self, module: Any, kernels: dict[str, ir.Module | str] | None = None):
+    def __init__(self, module: Any, kernels: dict[str, str] | None = None):
         tm = target_machine()
         self.kernel_code = kernel_codes(list((kernels or {}).values()))
         self.llvm_module = optimised(_prepared(module, tm), tm)

@@ -457,8 +457,7 @@ class _Emitter:
         self.close()
 
     def _mma(self) -> None:
-
-        render_mma(self)
+        render_mma(self)  # tensor cores: gpu/mma.py
 
     def _attention(self) -> None:
         """One thread per query row (every axis but the last): the keys in turn, an online softmax
