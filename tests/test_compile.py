@@ -174,6 +174,30 @@ def test_windows_strided_along_rows_match_torch_with_special_values(side):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize("groups, batch", [(4, 1), (8, 2)])
+def test_a_grouped_convolution_is_one_register_blocked_product_per_group(groups, batch):
+    """A ResNeXt-style grouped 3x3 convolution with BatchNorm and ReLU (its channels in groups of
+    32 // groups) matches torch, and its product is a contraction with rows: the group's output
+    channels (kernel.split_groups), not a matrix-vector product per output channel that rereads
+    the group's patches for each (resnext50 ran 0.9x torch eager that way)."""
+    from eclat.compiler.kernel import as_contraction
+    from eclat.ir.symbolic import upper
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1, groups=groups, bias=False),
+                                torch.nn.BatchNorm2d(32), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    x = torch.randn(batch, 32, 9, 9)
+    fast = eclat.compile(model, (x,), autotune="none", k=1, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+    products = [c for k in fast.executable.program.kernels for c in [as_contraction(k)]
+                if c is not None and upper(c.reduce.size) == 32 // groups * 9]
+    assert products and all(c.m_axis is not None for c in products), fast.executable.program.kernels
+
+
 def test_a_pool_padded_with_minus_infinity_reads_a_padded_copy():
     """An Inception block's pool branch: a 3x3 max pool at stride 1 over a concatenation of branch
     outputs, padded with -inf. The padded input is copied once (a kernel of the padded shape) and

@@ -80,6 +80,7 @@ from .kernel import (
     numel_bound,
     reduces,
     size_vars,
+    split_groups,
     walk,
 )
 
@@ -757,8 +758,8 @@ class _Grouping:
 
     def program(self) -> Program:
         ins = [self.buf_of[id(n)] for n in self.graph.inputs]
-        kernels = _without_copies([k if j in self.alone else coalesce(k) for j, k in enumerate(self.kernels)],
-                                  self.buffers)
+        kernels = [k if j in self.alone else split_groups(coalesce(k)) for j, k in enumerate(self.kernels)]
+        kernels = _without_copies(kernels, self.buffers)
         return Program(self.buffers, kernels, ins, self.outputs,
                        [dims(n.shape) for n in self.graph.inputs],
                        [dims(n.shape) for n in self.graph.outputs],

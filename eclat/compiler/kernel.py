@@ -50,6 +50,7 @@ import numpy as np
 from ..ir.dtypes import DType
 from ..ir.graph import LOG2E
 from ..ir.symbolic import (
+    BinOp,
     Expr,
     Num,
     Var,
@@ -384,6 +385,44 @@ def split_last(kernel: Kernel, size: int) -> Kernel:
     sub = lambda v: outer * size + inner if v.name == f"i{len(lead)}" else v
     body = rewrite(kernel.body, index=lambda x: map_vars(x, sub))
     return dataclasses.replace(kernel, shape=new_shape, body=body)
+
+
+def split_groups(kernel: Kernel) -> Kernel:
+    """kernel with an output axis split in two where its indexes read it as i // c (a grouped
+    convolution's output channels: the group, and the channel within it), when that makes it a
+    contraction with rows: each group's product is then a register-blocked GEMM over the group's
+    channels, where the unsplit kernel is a matrix-vector product per output channel (the group's
+    operand read again for every channel of the group)."""
+    c = as_contraction(kernel)
+    if c is None or c.m_axis is not None:
+        return kernel
+    divisors = {(x.a.name, x.b.v) for e in _indices(kernel.body) for x in _subexprs(e)
+                if isinstance(x, BinOp) and x.op == "//" and isinstance(x.a, Var) and isinstance(x.b, Num)}
+    for a, n in enumerate(kernel.shape):
+        for size in sorted(d for name, d in divisors if name == f"i{a}" and isinstance(n, int)
+                           and 1 < d < n and n % d == 0):
+            shape = (*kernel.shape[:a], n // size, size, *kernel.shape[a + 1:])
+            new = axis_vars(shape)
+            moved = {f"i{b}": new[b + (b > a)] for b in range(len(kernel.shape)) if b != a}
+            sub = lambda v, a=a, size=size, new=new, moved=moved: \
+                new[a] * size + new[a + 1] if v.name == f"i{a}" else moved.get(v.name, v)
+            split = dataclasses.replace(kernel, shape=shape,
+                                        body=rewrite(kernel.body, index=lambda x, sub=sub: map_vars(x, sub)))
+            turned = as_contraction(split)
+            if turned is not None and turned.m_axis is not None:
+                return split
+    return kernel
+
+
+def _subexprs(e: Expr) -> list[Expr]:
+    """e and every expression inside it."""
+    out, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        if isinstance(x, BinOp):
+            stack += [x.a, x.b]
+    return out
 
 
 def assume_in(e: KExpr, cond: Expr) -> KExpr:
