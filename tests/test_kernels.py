@@ -337,6 +337,28 @@ def test_matmul_tile_edges(m, k, n, weight):
     assert n == 1 or any(as_contraction(kern) is not None for kern in program.kernels)
 
 
+@pytest.mark.parametrize("m,k,n,depth", [(19, 70, 45, 16), (9, 64, 32, 8), (40, 33, 70, 24), (8, 50, 16, 48)])
+@pytest.mark.parametrize("weight", [True, False])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_reduction_in_chunks_gives_the_same_sums(m, k, n, depth, weight, transposed):
+    """Schedule.depth: the reduction in chunks, each over every row block of the panel, the sums kept
+    between them; edge tiles, a last chunk shorter than the others (or of one step), a packed weight
+    and a runtime operand copied per panel, both orientations, and an epilogue read after the last
+    chunk only."""
+    a = G.input_("a", (m, k))
+    bw = rand(k, n)
+    b = G.weight("b", bw, DType.float32) if weight else G.input_("b", (k, n))
+    out = G.unary("sqrt", G.binary("mul", matmul(a, b), matmul(a, b)))
+    graph = G.Graph([a] if weight else [a, b], [out], {"b": bw})
+    inputs = [rand(m, k)] if weight else [rand(m, k), bw]
+    program = group(graph)
+    program.kernels = [replace(kern, schedule=Schedule(tile=(8, 32), transposed=transposed, depth=depth))
+                       if as_contraction(kern) is not None else kern for kern in program.kernels]
+    for threads in (1, 2):
+        got = CpuExecutable(program, threads).run([np.ascontiguousarray(x) for x in inputs])[0]
+        np.testing.assert_allclose(got, run(graph, inputs)[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("m", [5, 17, 64])
 def test_rows_of_a_packed_weight_prefetch_the_next_panel(m):
     """Over several row blocks each block brings its share of the next packed panel into L2

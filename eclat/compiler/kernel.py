@@ -439,17 +439,21 @@ class Schedule:
     its Target.default_schedule). tile: register block for contraction kernels (MR rows x NR
     columns of the output); unroll: vectors in flight in vectorised inner loops (1 = the
     backend's default); threads: how many threads split the outermost parallel loop; transposed:
-    a contraction's vectors run along its rows instead (`transposed`), its tile counted that way."""
+    a contraction's vectors run along its rows instead (`transposed`), its tile counted that way;
+    depth: a contraction's reduction runs in chunks of this many steps, each over every row block
+    of a panel before the next (0: the whole reduction at once), so that the panel's chunk stays in
+    the L1 cache while the row blocks read it."""
 
     tile: tuple[int, int] = (1, 1)
     unroll: int = 1
     threads: int = 1
     transposed: bool = False
+    depth: int = 0
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Schedule:
         """The schedule dataclasses.asdict wrote (fields this eclat does not know are ignored)."""
-        known = {"tile", "unroll", "threads", "transposed"}
+        known = {"tile", "unroll", "threads", "transposed", "depth"}
         return Schedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
 
 

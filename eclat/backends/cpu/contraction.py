@@ -42,6 +42,7 @@ from .schedules import ACCUMULATOR_CHAINS
 PACKED = "pack:"  # name prefix of weights packed at compile time
 SCALES = "s"  # name suffix of a packed weight's scales (quantize.storage)
 RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand copied per kernel call
+PARTIAL_BYTES = 1 << 19  # largest M x NR panel of sums kept between chunks of a reduction (Schedule.depth)
 PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
 CACHE_LINE = 64  # bytes a prefetch brings in
 TAIL_ROWS = 4  # the height of the row blocks after the last whole one, over a run-time number of rows
@@ -260,9 +261,14 @@ class ContractionEmitter(KernelEmitter):
         copied = self.pack_name is None or self.pack_format is not None
         if copied and most_blocks > 1 and 0 < upper(kk) * nr * 4 <= RUNTIME_PACK_BYTES:
             self.scratch = self.b.alloca(F32, size=upper(kk) * nr)
+        depth = self._depth(most_blocks, upper(m_size) + mr, nr)
+        # the sums so far of each row of the panel, between chunks of the reduction
+        partial = self.b.alloca(F32, size=(upper(m_size) + mr) * nr) if depth else None
 
-        def micro(p: ir.Value, m0: ir.Value, mr: int) -> None:
-            """The block of mr rows from row m0 (rows past the last clamped to it)."""
+        def micro(p: ir.Value, m0: ir.Value, mr: int, span: tuple[ir.Value, ...] | None = None) -> None:
+            """The block of mr rows from row m0 (rows past the last clamped to it); span: the chunk
+            of the reduction (first step, end, whether it is the first chunk, the last) where the
+            reduction runs in chunks: the sums so far are kept in the output between them."""
             bb = self.b
             n0 = bb.mul(p, i64(nr))
             # one row's accumulators each wait on the last fma into them: independent sets of them
@@ -271,8 +277,9 @@ class ContractionEmitter(KernelEmitter):
             if mr == 1:
                 sets = max(1, min(ACCUMULATOR_CHAINS // nv, (host.vector_registers() - 1) // nv - 1))
             full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), self.sym(n_size))
-            if self.pack_name and not self.streaming and self.scratch is None:
+            if self.pack_name and not self.streaming and self.scratch is None and not depth:
                 self.block = bb.sdiv(m0, i64(mr))
+            start = i64(0) if span is None else span[0]  # the chunk's first step of k
 
             def kstep(kv: ir.Value, accs: list[ir.Value], steps=None, sums: bool = False) -> list[ir.Value]:
                 """accs += a x b over the steps of k (its own, or `steps`), and the rows' sums of a
@@ -325,13 +332,22 @@ class ContractionEmitter(KernelEmitter):
 
             def unrolled(kv: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 """`sets` steps of k, each into its own set of accumulators."""
-                firsts = (bb.add(bb.mul(kv, i64(sets)), i64(t)) for t in range(sets))
+                firsts = (bb.add(start, bb.add(bb.mul(kv, i64(sets)), i64(t))) for t in range(sets))
                 return kstep(kv, accs, [step for k_at in firsts
                                         for step in self._b_steps(c, p, n0, k_at, nr, full, b_unit, vt)])
 
             zeros = [ir.Constant(vt, [0.0] * lanes)] * (mr * nv)
             nibbles = self._nibbles() and self.scratch is None
-            if nibbles and mr == 1:  # the scales apply per group, not per step
+            if span is not None:  # a chunk: from the sums so far (zero before the first), then its steps
+                first, stop, is_first = span[:3]
+                kept = [vector_ptr(bb, partial, bb.add(bb.mul(bb.add(m0, i64(r)), i64(nr)), i64(v * lanes)))
+                        for r in range(mr) for v in range(nv)]
+                sums = [bb.select(is_first, zero, bb.load(at, typ=vt, align=4))
+                        for zero, at in zip(zeros, kept)]
+                whole = bb.sdiv(bb.sub(stop, first), i64(sets))
+                accs = merged(self.loop(i64(0), whole, sums + zeros * (sets - 1), unrolled), len(zeros))
+                accs = self.loop(bb.add(first, bb.mul(whole, i64(sets))), stop, accs, kstep)
+            elif nibbles and mr == 1:  # the scales apply per group, not per step
                 accs = self.loop(i64(0), i64(kk // self.group), zeros, group)
             elif nibbles:  # one byte holds two steps of k
                 accs = self.loop(i64(0), i64(kk // 2), zeros, kstep)
@@ -350,14 +366,22 @@ class ContractionEmitter(KernelEmitter):
                 accs = [bb.fmul(acc, scales[j % nv]) for j, acc in enumerate(accs)]
             for j, acc in enumerate(accs):
                 store_through(bb, acc, bb.gep(tile, [i64(j * lanes)], source_etype=F32))
-            self._epilogue(c, tile, m0, n0, mr, nr, m_size, n_size)
+            if span is None:
+                self._epilogue(c, tile, m0, n0, mr, nr, m_size, n_size)
+                return
+            with bb.if_else(span[3]) as (then, otherwise):
+                with then:
+                    self._epilogue(c, tile, m0, n0, mr, nr, m_size, n_size)
+                with otherwise:
+                    for acc, at in zip(accs, kept):
+                        store_through(bb, acc, at)
 
         # one outer loop over (panel, batch) pairs, panel-major: threads split it even when
         # there is a single panel (a convolution's GEMM over 16 output columns per image row)
         sizes = [shape[a] for a in batch]
         per_panel = prod(sizes)
 
-        def step(j: ir.Value, _a: list) -> list:
+        def step(j: ir.Value) -> list:
             bb = self.b
             p = bb.sdiv(j, self.sym(per_panel))
             rest = bb.srem(j, self.sym(per_panel))
@@ -365,10 +389,23 @@ class ContractionEmitter(KernelEmitter):
                 self.scope.bind(f"i{a}", bb.srem(bb.sdiv(rest, self.sym(stride)), self.sym(size)))
             if self.scratch is not None:
                 self._pack_panel(c, p, nr, kk, n_size)
-            self._row_blocks(m_size, mr, lambda m0, h: micro(p, m0, h))
+            if not depth:
+                self._row_blocks(m_size, mr, lambda m0, h: micro(p, m0, h))
+                return []
+
+            def chunk(ci: ir.Value, _a: list) -> list:  # every row block over this chunk of the panel
+                bb = self.b
+                first = bb.mul(ci, i64(depth))
+                stop = bb.add(first, i64(depth))
+                stop = bb.select(bb.icmp_signed("<", stop, i64(kk)), stop, i64(kk))
+                span = (first, stop, bb.icmp_signed("==", ci, i64(0)),
+                        bb.icmp_signed("==", ci, i64(-(-kk // depth) - 1)))
+                self._row_blocks(m_size, mr, lambda m0, h: micro(p, m0, h, span))
+                return []
+            self.loop(i64(0), i64(-(-kk // depth)), [], chunk)
             return []
 
-        self.loop(self.fn.args[1], self.fn.args[2], [], step)
+        self.loop(self.fn.args[1], self.fn.args[2], [], lambda j, _a: step(j))
         outer = panels * per_panel
         return outer.v if isinstance(outer, Num) else outer
 
@@ -394,6 +431,15 @@ class ContractionEmitter(KernelEmitter):
             start = blocks(start, bb.select(one, i64(0), clamped), tail)
             left = bb.zext(one, I64)
         blocks(start, left, 1)
+
+    def _depth(self, most_blocks: int, rows: int, nr: int) -> int:
+        """The schedule's chunk of the reduction where it applies (0: none): several row blocks read
+        each chunk, the reduction's length is known, the sums of the panel's rows between chunks fit
+        PARTIAL_BYTES, and the right operand is float32 (a low-precision one's scales and groups span
+        the reduction)."""
+        depth, kk = self.k.schedule.depth, self.contraction.reduce.size
+        whole = isinstance(kk, int) and 0 < depth < kk and most_blocks > 1
+        return depth if whole and self.pack_format is None and rows * nr * 4 <= PARTIAL_BYTES else 0
 
     def _pack_panel(self, c: Contraction, p: ir.Value, nr: int, kk: sint, n_size: sint) -> None:
         """scratch[k * NR + col] = b at (panel p's column col clamped, k), for the current batch; a
@@ -599,25 +645,34 @@ class ContractionEmitter(KernelEmitter):
 
     def _epilogue(self, c: Contraction, tile: ir.Value, m0: ir.Value, n0: ir.Value, mr: int, nr: int,
                   m_size: sint, n_size: sint) -> None:
-        """The kernel's body per element of the tile, its sum taken from the accumulators: over a
-        whole tile in loops of known length that vectorise, over an edge tile element by element."""
+        """The kernel's body per element of the tile, its sum taken from the accumulators."""
+        k, bb = self.k, self.b
+        where = ravel(axis_vars(k.shape), k.shape)
+
+        def final(r: ir.Value, cc: ir.Value) -> None:
+            acc = bb.load(bb.gep(tile, [bb.add(bb.mul(r, i64(nr)), cc)], source_etype=F32), typ=F32)
+            self.scope.remember(c.reduce, acc)
+            self.store(k.out, where, self.emit(k.body), k.body.dtype)
+        self._tile_elements(c, m0, n0, mr, nr, m_size, n_size, final)
+
+    def _tile_elements(self, c: Contraction, m0: ir.Value, n0: ir.Value, mr: int, nr: int, m_size: sint,
+                       n_size: sint, each: Callable[[ir.Value, ir.Value], None]) -> None:
+        """each(row, column in the tile) for every element of the tile inside the output, with the
+        output's axes bound there: over a whole tile in loops of known length that vectorise, over an
+        edge tile element by element; in the output's order, so that its stores are contiguous (the
+        columns inside, or with the tile transposed, the rows)."""
         bb = self.b
         rows = bb.sub(self.sym(m_size), m0)
         cols = bb.sub(self.sym(n_size), n0)
         whole = bb.and_(bb.icmp_signed(">=", rows, i64(mr)), bb.icmp_signed(">=", cols, i64(nr)))
-        k = self.k
-        where = ravel(axis_vars(k.shape), k.shape)
 
         def elements(rows: ir.Value, cols: ir.Value, hint: bool) -> None:
-            """The tile's elements in the output's order: its stores are contiguous (the columns
-            inside, or with the tile transposed, the rows)."""
             def at(r: ir.Value, cc: ir.Value) -> None:
-                if c.m_axis is not None:
-                    self.scope.bind(f"i{c.m_axis}", bb.add(m0, r))
-                self.scope.bind(f"i{c.n_axis}", bb.add(n0, cc))
-                acc = bb.load(bb.gep(tile, [bb.add(bb.mul(r, i64(nr)), cc)], source_etype=F32), typ=F32)
-                self.scope.remember(c.reduce, acc)
-                self.store(k.out, where, self.emit(k.body), k.body.dtype)
+                with self.scope.nested():  # values made here stay here
+                    if c.m_axis is not None:
+                        self.scope.bind(f"i{c.m_axis}", bb.add(m0, r))
+                    self.scope.bind(f"i{c.n_axis}", bb.add(n0, cc))
+                    each(r, cc)
 
             rows_inside = c.m_axis is not None and c.m_axis > c.n_axis
 

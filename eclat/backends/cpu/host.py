@@ -93,13 +93,35 @@ def vector_unit(features: frozenset[str] | None = None) -> str:
     return "scalar"
 
 
+CACHE_FALLBACK = {1: 32 << 10, 2: 1 << 20}  # where the OS does not say: the smallest of the x86 cores in use
+
+
+@cache
+def cache_bytes(level: int) -> int:
+    """The per-core data (or unified) cache of that level in bytes, as the OS describes cpu0's caches
+    (Linux sysfs); CACHE_FALLBACK's where it does not."""
+    from pathlib import Path
+
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            if int((index / "level").read_text()) != level or kind == "Instruction":
+                continue
+            size = (index / "size").read_text().strip().upper()
+            return int(size.rstrip("KM")) * {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+        except (OSError, ValueError):
+            break
+    return CACHE_FALLBACK[level]
+
+
 def description() -> dict:
     """The host for reports and benchmark headers: LLVM's CPU name, the triple, the enabled
     features (sorted), the float32 lanes and vector registers code is generated for, and the
     vector unit."""
     return {"cpu": cpu_name(), "triple": triple(), "features": sorted(features()),
-            "lanes": vector_lanes(), "registers": vector_registers(), "vector_unit": vector_unit()}
+            "lanes": vector_lanes(), "registers": vector_registers(), "vector_unit": vector_unit(),
+            "l1_bytes": cache_bytes(1), "l2_bytes": cache_bytes(2)}
 
 
-__all__ = ["cpu_name", "description", "features", "triple", "vector_bytes", "vector_lanes",
+__all__ = ["cache_bytes", "cpu_name", "description", "features", "triple", "vector_bytes", "vector_lanes",
            "vector_registers", "vector_unit"]
