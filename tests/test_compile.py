@@ -198,6 +198,25 @@ def test_a_grouped_convolution_is_one_register_blocked_product_per_group(groups,
     assert products and all(c.m_axis is not None for c in products), fast.executable.program.kernels
 
 
+@pytest.mark.parametrize("dilation, stride, groups",
+                         [(36, 1, 1), (12, 1, 1), (6, 2, 1), (9, 1, 8), (5, 3, 2)])
+def test_taps_that_read_only_padding_are_left_out(dilation, stride, groups):
+    """An atrous convolution whose dilation passes the input's size (DeepLab's pyramid over 16x16
+    positions): the filter taps that read only zero padding at every position are dropped (at 36,
+    a 3x3 filter is its centre tap), the input cropped where the first tap kept starts inside it;
+    strided, grouped and depthwise ones alike match torch, and at 36 no padded copy of the input is
+    made."""
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(8, 8, 3, stride=stride, padding=dilation, dilation=dilation, groups=groups).eval()
+    x = torch.randn(1, 8, 16, 11)
+    fast = eclat.compile(model, (x,), autotune="none", k=1, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+    if dilation == 36:  # one tap: a 1x1 convolution, no kernel writes a padded input
+        assert all(k.shape[-2:] != (16 + 72, 11 + 72) for k in fast.executable.program.kernels)
+        assert sum(k.flops for k in fast.compile_report.kernels) <= 2 * 8 * 8 * 16 * 11 + 8 * 16 * 11
+
+
 def test_a_pool_padded_with_minus_infinity_reads_a_padded_copy():
     """An Inception block's pool branch: a 3x3 max pool at stride 1 over a concatenation of branch
     outputs, padded with -inf. The padded input is copied once (a kernel of the padded shape) and

@@ -425,10 +425,12 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     Positions innermost: the copy reads rows of the input and the GEMM reads unit-stride columns."""
     if transposed:
         return _conv_transpose(ctx, x, w, bias, stride, padding, dilation, output_padding, groups)
+    outs = ctx.out_shape[2:]
+    x, w, padding = _live_taps(x, w, stride, padding, dilation, outs)
     nd = len(x.shape) - 2
     n = x.shape[0]
     o, cg, *ks = w.shape
-    og, outs = as_int(o) // groups, ctx.out_shape[2:]
+    og = as_int(o) // groups
     if as_int(cg) == 1 and og == 1:
         return _depthwise(x, w, bias, ks, stride, padding, dilation, outs)
     red = prod([cg, *ks])
@@ -447,6 +449,29 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     if bias is not None:
         out = P.add(out, P.reshape(bias, (o,) + (1,) * nd))
     return out
+
+
+def _live_taps(x: Node, w: Node, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+               outs: Sequence[sint]) -> tuple[Node, Node, list[int]]:
+    """(x, w, padding) without the filter taps that read only the zero padding at every output
+    position: a dilated convolution whose dilation passes the input's size (DeepLab's atrous
+    pyramid at 36 over 16x16 positions is a 1x1 convolution there). The taps kept are a run on each
+    axis; where the run starts past the padding, x is cropped to where it reads."""
+    pads = list(padding)
+    for axis, (size, o, s, d) in enumerate(zip(x.shape[2:], outs, stride, dilation)):
+        k, n, o = w.shape[2 + axis], as_int(size), as_int(o)
+        if n is None or o is None:
+            continue
+        live = [t for t in range(k) if any(0 <= j * s + t * d - pads[axis] < n for j in range(o))]
+        if not live or live == list(range(k)):
+            continue
+        first, last, at = live[0], live[-1], 2 + axis
+        w = g.movement(w, lambda v, at=at, first=first, last=last: v.slice(at, first, last + 1))
+        pads[axis] -= first * d
+        if pads[axis] < 0:  # the first tap kept starts inside x: read from there
+            x = g.movement(x, lambda v, at=at, skip=-pads[axis], n=n: v.slice(at, skip, n))
+            pads[axis] = 0
+    return x, w, pads
 
 
 def _depthwise(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: Sequence[int],
