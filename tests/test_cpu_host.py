@@ -20,7 +20,7 @@ from eclat.backends.cpu.contraction import contraction_of
 from eclat.backends.cpu.runtime import CpuExecutable, layout
 from eclat.backends.cpu.schedules import default_schedule, fits, gemm_tiles, gemv_tiles, schedule_space
 from eclat.compiler.group import group
-from eclat.compiler.kernel import Schedule
+from eclat.compiler.kernel import Schedule, as_contraction
 from eclat.frontend import lower
 
 AVX512 = frozenset({"sse", "sse2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq"})
@@ -151,6 +151,37 @@ def test_a_reduction_runs_in_chunks_where_its_panel_would_fill_l2():
     assert deep.depth == 256  # 2/3 of 48 kB over 32 floats a step, a multiple of 8
     assert _default_of(nn.Linear(1024, 1024, bias=False), torch.randn(256, 1024)).depth == 0
     assert _default_of(nn.Linear(8640, 256, bias=False), torch.randn(4, 8640)).depth == 0  # one row block
+
+
+@pytest.mark.parametrize("conv, shape", [
+    (nn.Conv2d(8, 16, 3, stride=2, padding=1), (2, 8, 15, 13)),
+    (nn.Conv2d(3, 8, 7, stride=2, padding=3), (1, 3, 30, 30)),
+    (nn.Conv3d(4, 8, 3, padding=1), (1, 4, 5, 9, 11)),
+    (nn.Conv1d(16, 32, 10, stride=5), (1, 16, 203)),
+    (nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=4), (1, 16, 12, 12)),
+])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_product_reads_its_windows_in_place(conv, shape, transposed):
+    """With the CPU's "windows" grouping an im2col is not written: the product reads the padded
+    input through the windows as it copies each panel (an implicit GEMM), one vector load where a
+    panel's positions are consecutive in the input and a gather where they are not (a row's end,
+    a stride); strided, 3-d, 1-d, dilated and grouped convolutions, in both orientations, match torch.
+    Output rows of 16 or fewer positions run as one flat axis of columns."""
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    graph = lower(conv.eval(), (x,))
+    im2col = group(graph)
+    program = group(graph, frozenset({"windows"}))
+    assert len(program.kernels) < len(im2col.kernels)  # the patches' copy is gone
+    with torch.no_grad():
+        want = conv(x).numpy()
+    if 1 < want.shape[-1] <= 16 and want.ndim > 3:  # short rows run as one flat axis (kernel.flatten_rows)
+        (product,) = [k for k in program.kernels if as_contraction(k) is not None]
+        assert product.shape[-1] > want.shape[-1], product.shape
+    program.kernels = [replace(k, schedule=replace(default_schedule(k), transposed=transposed))
+                       for k in program.kernels]
+    got = CpuExecutable(program).run([x.numpy()])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_avx512_tiles_use_its_32_registers():

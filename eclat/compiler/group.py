@@ -20,6 +20,10 @@ table, or when inlining would recompute real work:
   * a matmul, with the elementwise ops after it, that a masked view reads (zero padding
     for the next convolution or a pooling): `_products_before_masks`.
 
+For a target whose contractions read a windowed operand in place (`fused` has "windows": the CPU
+copies each panel of a product's right operand as it runs), an im2col's `contiguous` is not written:
+the product reads the padded input through the windows (an implicit GEMM).
+
 For a target that runs attention in one kernel (`fused`), a softmax that only a matmul reads along
 its own axis, over scores made by one contraction and elementwise ops (scale, mask, bias,
 soft-capping), becomes one `attend` kernel (kernel.attention_body) that never writes the scores.
@@ -76,6 +80,7 @@ from .kernel import (
     axis_vars,
     children,
     coalesce,
+    flatten_rows,
     free_vars,
     numel_bound,
     reduces,
@@ -100,7 +105,9 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     nodes = graph.nodes()
     forced = {id(n.srcs[0]) for n in nodes if n.op == "gather"}
     forced |= {id(x) for n in nodes if n.kind == "composite" and OPS[n.op].alone for x in (n, *n.srcs)}
-    forced |= {id(n) for n in nodes if n.op == "attend" or n.op == "contiguous" and not _broadcast_copy(n)}
+    in_place = "windows" in fused
+    forced |= {id(n) for n in nodes if n.op == "attend" or n.op == "contiguous" and not _broadcast_copy(n)
+               and not (in_place and copies_windows(n))}
     forced |= {id(o) for o in graph.outputs}
     chosen = _contractions_under_reduces(graph, nodes, forced)
     # the first attempt fuses all it can: through a deep model (a 12-layer decode step) its
@@ -170,6 +177,12 @@ def _broadcast_copy(n: Node) -> bool:
         return False
     axes = [(as_int(st), as_int(d)) for st, d in zip(src.arg.strides, src.arg.shape) if as_int(d) != 1]
     return any(st == 0 for st, _ in axes) and axes[-1][0] != 0
+
+
+def copies_windows(n: Node) -> bool:
+    """Whether n is a `contiguous` that copies overlapping windows of its source (an im2col's
+    patches: each element of the source read several times)."""
+    return n.op == "contiguous" and n.srcs[0].op == "view" and n.srcs[0].arg.overlap() > 1.0
 
 
 def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int]) -> set[int]:
@@ -758,7 +771,8 @@ class _Grouping:
 
     def program(self) -> Program:
         ins = [self.buf_of[id(n)] for n in self.graph.inputs]
-        kernels = [k if j in self.alone else split_groups(coalesce(k)) for j, k in enumerate(self.kernels)]
+        kernels = [k if j in self.alone else flatten_rows(split_groups(coalesce(k)))
+                   for j, k in enumerate(self.kernels)]
         kernels = _without_copies(kernels, self.buffers)
         return Program(self.buffers, kernels, ins, self.outputs,
                        [dims(n.shape) for n in self.graph.inputs],

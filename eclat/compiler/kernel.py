@@ -414,6 +414,31 @@ def split_groups(kernel: Kernel) -> Kernel:
     return kernel
 
 
+SHORT_ROW = 16  # a contraction's output rows of at most this many columns run as one flat axis
+
+
+def flatten_rows(kernel: Kernel) -> Kernel:
+    """A contraction kernel whose columns are short rows of a longer output (a convolution over
+    7x7 or 14x14 positions that reads its input's windows in place, so that coalesce cannot merge
+    its rows) with its last two axes run as one: its register blocks' vectors fill over the rows,
+    each position's place in the input found by dividing the flat index."""
+    c = as_contraction(kernel)
+    shape = kernel.shape
+    if c is None or kernel.sides or len(shape) < 2 or c.n_axis != len(shape) - 1 or \
+            c.m_axis == len(shape) - 2 or not all(isinstance(d, int) for d in shape[-2:]) or \
+            not 1 < shape[-1] <= SHORT_ROW or shape[-2] == 1:
+        return kernel
+    rows, cols = shape[-2:]
+    new_shape = (*shape[:-2], rows * cols)
+    flat = axis_vars(new_shape)[-1]
+    sub = {f"i{len(shape) - 2}": flat // cols, f"i{len(shape) - 1}": flat % cols}
+    merged = dataclasses.replace(kernel, shape=new_shape, body=rewrite(
+        kernel.body, index=lambda x: map_vars(x, lambda v: sub.get(v.name, v))))
+    turned = as_contraction(merged)
+    same = turned is not None and turned.n_axis == len(new_shape) - 1 and turned.m_axis == c.m_axis
+    return merged if same else kernel
+
+
 def _subexprs(e: Expr) -> list[Expr]:
     """e and every expression inside it."""
     out, stack = [], [e]

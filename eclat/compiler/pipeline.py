@@ -45,7 +45,7 @@ from ..ir.interpreter import run as interpret
 from ..ir.symbolic import bind_sizes, dims, evaluate, var_list
 from . import program_cache
 from . import tune as tuning
-from .group import group
+from .group import copies_windows, group
 from .kernel import Program, at_sizes, bytes_moved, flops
 from .model import CompiledModel
 from .phases import phase, recording
@@ -313,7 +313,8 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
                 continue  # the target would run an attention as plain loops: only the other grouping
             sizes = bind_sizes(program.input_shapes, shapes) if shapes and program.sizes else {}
             programs.append((_estimate_us(at_sizes(program, sizes), device), n, with_fused, program))
-            if fused is None and not any("attend" in k.ops for k in program.kernels):
+            if fused is None and not any("attend" in k.ops for k in program.kernels) and \
+                    not ("windows" in target.fused and any(map(copies_windows, cand.nodes()))):
                 break  # nothing fused: the other grouping is the same program
     return sorted(programs, key=lambda p: (p[0], p[1], not p[2]))  # then the e-graph's own order
 

@@ -14,7 +14,9 @@ from ..target import Section, Target
 class CpuTarget(Target):
     name = "cpu"
     source_member = "kernels.ll"
-    fused = frozenset({"attention"})  # attention.py: one pass over the keys, online softmax
+    # attention.py: one pass over the keys, online softmax; contraction.py: a product's windowed
+    # operand read in place, each panel copied as it runs (an implicit GEMM, no im2col)
+    fused = frozenset({"attention", "windows"})
     runtime_sizes = True  # a SIZES argument every kernel that needs one reads (emitter.py)
 
     def rules(self) -> tuple[Any, ...]:

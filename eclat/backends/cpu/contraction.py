@@ -79,6 +79,25 @@ def columnwise(e: KExpr, n_var: str) -> bool:
     return e.op in COLUMN_OPS and all(columnwise(x, n_var) for x in e.srcs)
 
 
+def _separable(e: KExpr, n_var: str) -> tuple[Expr, Expr] | None:
+    """(rest, column) where e is a float32 load of every element it reads whose index is rest +
+    column, column the terms that read n_var and nothing else, rest the terms that do not read it;
+    None for anything else."""
+    if not (isinstance(e, Load) and e.valid == Num(1) and e.dtype is DType.float32):
+        return None
+    rest: Expr = Num(0)
+    column: Expr = Num(0)
+    for coef, atom in terms(e.index):
+        names = set() if atom is None else {v.name for v in var_list(atom)}
+        if n_var not in names:
+            rest = rest + (coef if atom is None else atom * coef)
+        elif names == {n_var}:
+            column = column + atom * coef
+        else:
+            return None
+    return rest, column
+
+
 def contraction_of(kernel: Kernel, buffers: dict[str, Buffer]) -> Contraction | None:
     """The contraction the micro-kernel computes for kernel: float32 only, and not one row whose
     right operand neither is packed (a weight) nor steps by one along the columns: the micro-kernel
@@ -508,22 +527,29 @@ class ContractionEmitter(KernelEmitter):
                 self._prefetch_next_panel(base, kv, nr, item)
             return [self._decoded(bb.add(base, i64(v * lanes)), vt) for v in range(nv)]
         if not unit:
-            return self._b_scalar(c, n0, nr, vt)
+            split = _separable(c.b, f"i{c.n_axis}")
+            return self._b_scalar(c, n0, nr, vt) if split is None else self._b_offsets(c, n0, nr, vt, *split)
+        def whole() -> list[ir.Value]:
+            with self.scope.nested():
+                self.scope.bind(f"i{c.n_axis}", n0)
+                return [self._columns(c.b, f"i{c.n_axis}", vt, v) for v in range(nv)]
         # full panels: vector loads; the last partial panel: clamped scalar loads
-        with bb.if_else(full) as (then, otherwise):
-            with then:
-                with self.scope.nested():
-                    self.scope.bind(f"i{c.n_axis}", n0)
-                    fast = [self._columns(c.b, f"i{c.n_axis}", vt, v) for v in range(nv)]
-                then_block = bb.block
-            with otherwise:
-                slow = self._b_scalar(c, n0, nr, vt)
-                else_block = bb.block
+        return self._either(full, vt, whole, lambda: self._b_scalar(c, n0, nr, vt))
+
+    def _either(self, cond: ir.Value, vt: ir.VectorType, then: Callable[[], list[ir.Value]],
+                otherwise: Callable[[], list[ir.Value]]) -> list[ir.Value]:
+        """The vectors then() makes where cond holds, else those otherwise() makes."""
+        bb = self.b
+        with bb.if_else(cond) as (yes, no):
+            with yes:
+                fast, fast_block = then(), bb.block
+            with no:
+                slow, slow_block = otherwise(), bb.block
         out = []
         for fv, sv in zip(fast, slow):
             phi = bb.phi(vt)
-            phi.add_incoming(fv, then_block)
-            phi.add_incoming(sv, else_block)
+            phi.add_incoming(fv, fast_block)
+            phi.add_incoming(sv, slow_block)
             out.append(phi)
         return out
 
@@ -635,6 +661,51 @@ class ContractionEmitter(KernelEmitter):
                 self.scope.bind(f"i{c.n_axis}", bb.select(bb.icmp_signed(">", n, last), last, n))
                 out.append(self.emit(c.b))
         return out
+
+    def _b_offsets(self, c: Contraction, n0: ir.Value, nr: int, vt: ir.VectorType, rest: Expr,
+                   column: Expr) -> list[ir.Value]:
+        """The right operand's NR values at this step of k where its index is rest + column, rest
+        free of the columns and column a function of them alone (the windows of a convolution's
+        input read in place: the column is the output position): column's value at each of the
+        panel's columns (clamped to the last), which does not change with k, and one vector load
+        where they are consecutive, else a gather."""
+        bb, lanes = self.b, self.lanes
+        load: Load = c.b
+        n_var, last = f"i{c.n_axis}", self.sym(to_expr(self.k.shape[c.n_axis]) - 1)
+        offsets = []
+        for col in range(nr):
+            with self.scope.nested():
+                n = bb.add(n0, i64(col))
+                self.scope.bind(n_var, bb.select(bb.icmp_signed(">", n, last), last, n))
+                offsets.append(self.sym(column))
+        consecutive = ir.Constant(ir.IntType(1), 1)
+        for col, at in enumerate(offsets[1:], 1):
+            consecutive = bb.and_(consecutive, bb.icmp_signed("==", at, bb.add(offsets[0], i64(col))))
+        base = bb.gep(self.ptr[load.buffer], [self.sym(rest)], source_etype=F32)
+
+        def loads() -> list[ir.Value]:
+            return [bb.load(bb.gep(base, [bb.add(offsets[0], i64(v * lanes))], source_etype=F32), typ=vt,
+                            align=4) for v in range(nr // lanes)]
+
+        def gathers() -> list[ir.Value]:  # the addresses as integers: base + 4 offset
+            start, out = splat(bb, bb.ptrtoint(base, I64), lanes), []
+            every = ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * lanes)
+            for v in range(nr // lanes):
+                at = ir.Constant(ir.VectorType(I64, lanes), ir.Undefined)
+                for lane in range(lanes):
+                    at = bb.insert_element(at, bb.mul(offsets[v * lanes + lane], i64(4)), i64(lane))
+                ptrs = bb.inttoptr(bb.add(start, at), ir.VectorType(PTR, lanes))
+                out.append(bb.call(self._gather(vt), [ptrs, ir.Constant(I32, 4), every,
+                                                      ir.Constant(vt, ir.Undefined)]))
+            return out
+        return self._either(consecutive, vt, loads, gathers)
+
+    def _gather(self, vt: ir.VectorType) -> ir.Function:
+        """LLVM's masked gather of vt's floats from a vector of pointers."""
+        lanes = vt.count
+        name = f"llvm.masked.gather.v{lanes}f32.v{lanes}p0"
+        return self.mod.globals.get(name) or ir.Function(self.mod, ir.FunctionType(
+            vt, [ir.VectorType(PTR, lanes), I32, ir.VectorType(ir.IntType(1), lanes), vt]), name)
 
     def _b_scalar(self, c: Contraction, n0: ir.Value, nr: int, vt: ir.VectorType) -> list:
         lanes = self.lanes
