@@ -122,11 +122,12 @@ def filled(rows: int, cols: int, tile: tuple[int, int], lanes: int) -> float:
     return useful * (1.0 if mr == 1 else min(1.0, mr * (nr // lanes) / ACCUMULATOR_CHAINS))
 
 
-def chunked(kernel: Kernel, schedule: Schedule, caches: tuple[int, int] | None = None) -> Schedule:
+def chunked(kernel: Kernel, schedule: Schedule, caches: tuple[int, int] | None = None,
+            any_panel: bool = False) -> Schedule:
     """schedule with its contraction's reduction in chunks (`Schedule.depth`) that keep a panel's
     slice within L1_SHARE of the L1 data cache, where the whole panel would fill more than
-    PANEL_L2_SHARE of the L2 and several row blocks read each slice; else in one piece. caches: the
-    bytes of the L1 data and L2 caches (None: the host's)."""
+    PANEL_L2_SHARE of the L2 (any_panel: more than one chunk) and several row blocks read each
+    slice; else in one piece. caches: the bytes of the L1 data and L2 caches (None: the host's)."""
     c = as_contraction(kernel)
     sizes = _sizes(kernel, schedule.transposed)
     if c is None or sizes is None or sizes[0] <= schedule.tile[0] or not isinstance(c.reduce.size, int):
@@ -134,7 +135,7 @@ def chunked(kernel: Kernel, schedule: Schedule, caches: tuple[int, int] | None =
     l1, l2 = (host.cache_bytes(1), host.cache_bytes(2)) if caches is None else caches
     panel = schedule.tile[1] * 4  # bytes of the panel per step of the reduction
     depth = int(L1_SHARE * l1) // panel // 8 * 8
-    deep = c.reduce.size * panel > PANEL_L2_SHARE * l2 and c.reduce.size > depth >= 8
+    deep = (any_panel or c.reduce.size * panel > PANEL_L2_SHARE * l2) and c.reduce.size > depth >= 8
     return replace(schedule, depth=depth if deep else 0)
 
 
@@ -166,7 +167,9 @@ def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     in both orientations, each orientation's own default next (a "fast" search times the first few)."""
     lanes, registers = _defaults(lanes, registers)
     base = default_schedule(kernel, threads, lanes, registers, weights, caches)
-    out, rest = [base, replace(base, depth=0)], []
+    # in one piece, and in chunks wherever the panel is longer than one (measured: some panels
+    # under the default's bound run faster chunked, 784x512x512 1.13x)
+    out, rest = [base, replace(base, depth=0), chunked(kernel, base, caches, any_panel=True)], []
     for flip in (False, True):
         sizes = _sizes(kernel, flip)
         if sizes is not None:
