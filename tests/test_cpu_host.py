@@ -155,6 +155,7 @@ def test_a_reduction_runs_in_chunks_where_its_panel_would_fill_l2():
 
 @pytest.mark.parametrize("conv, shape", [
     (nn.Conv2d(8, 16, 3, stride=2, padding=1), (2, 8, 15, 13)),
+    (nn.Conv2d(4, 8, 3, stride=2, padding=1), (1, 4, 6, 70)),  # rows of 35: panels stepping by two
     (nn.Conv2d(3, 8, 7, stride=2, padding=3), (1, 3, 30, 30)),
     (nn.Conv3d(4, 8, 3, padding=1), (1, 4, 5, 9, 11)),
     (nn.Conv1d(16, 32, 10, stride=5), (1, 16, 203)),
@@ -164,8 +165,8 @@ def test_a_reduction_runs_in_chunks_where_its_panel_would_fill_l2():
 def test_a_product_reads_its_windows_in_place(conv, shape, transposed):
     """With the CPU's "windows" grouping an im2col is not written: the product reads the padded
     input through the windows as it copies each panel (an implicit GEMM), one vector load where a
-    panel's positions are consecutive in the input and a gather where they are not (a row's end,
-    a stride); strided, 3-d, 1-d, dilated and grouped convolutions, in both orientations, match torch.
+    panel's positions are consecutive in the input, two and a shuffle where they step by two (a
+    stride-2 row), and a gather elsewhere (a row's end); strided, 3-d, 1-d, dilated and grouped convolutions, in both orientations, match torch.
     Output rows of 16 or fewer positions run as one flat axis of columns."""
     torch.manual_seed(0)
     x = torch.randn(*shape)

@@ -668,7 +668,7 @@ class ContractionEmitter(KernelEmitter):
         free of the columns and column a function of them alone (the windows of a convolution's
         input read in place: the column is the output position): column's value at each of the
         panel's columns (clamped to the last), which does not change with k, and one vector load
-        where they are consecutive, else a gather."""
+        where they are consecutive, two and a shuffle where they step by two, else a gather."""
         bb, lanes = self.b, self.lanes
         load: Load = c.b
         n_var, last = f"i{c.n_axis}", self.sym(to_expr(self.k.shape[c.n_axis]) - 1)
@@ -678,14 +678,25 @@ class ContractionEmitter(KernelEmitter):
                 n = bb.add(n0, i64(col))
                 self.scope.bind(n_var, bb.select(bb.icmp_signed(">", n, last), last, n))
                 offsets.append(self.sym(column))
-        consecutive = ir.Constant(ir.IntType(1), 1)
-        for col, at in enumerate(offsets[1:], 1):
-            consecutive = bb.and_(consecutive, bb.icmp_signed("==", at, bb.add(offsets[0], i64(col))))
+        def spaced(step: int) -> ir.Value:  # whether the offsets step by `step` across the panel
+            out = ir.Constant(ir.IntType(1), 1)
+            for col, at in enumerate(offsets[1:], 1):
+                out = bb.and_(out, bb.icmp_signed("==", at, bb.add(offsets[0], i64(step * col))))
+            return out
         base = bb.gep(self.ptr[load.buffer], [self.sym(rest)], source_etype=F32)
 
-        def loads() -> list[ir.Value]:
-            return [bb.load(bb.gep(base, [bb.add(offsets[0], i64(v * lanes))], source_etype=F32), typ=vt,
-                            align=4) for v in range(nr // lanes)]
+        def loads(step: int = 1) -> list[ir.Value]:
+            """Each vector from `step` consecutive ones, every step-th value (a stride-2 convolution's
+            row: two loads and a shuffle, not a gather)."""
+            wide = ir.VectorType(F32, lanes * step)
+            out = []
+            for v in range(nr // lanes):
+                at = bb.gep(base, [bb.add(offsets[0], i64(v * lanes * step))], source_etype=F32)
+                run = bb.load(at, typ=wide, align=4)
+                out.append(run if step == 1 else bb.shuffle_vector(
+                    run, ir.Constant(wide, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes),
+                                                                     [step * j for j in range(lanes)])))
+            return out
 
         def gathers() -> list[ir.Value]:  # the addresses as integers: base + 4 offset
             start, out = splat(bb, bb.ptrtoint(base, I64), lanes), []
@@ -698,7 +709,8 @@ class ContractionEmitter(KernelEmitter):
                 out.append(bb.call(self._gather(vt), [ptrs, ir.Constant(I32, 4), every,
                                                       ir.Constant(vt, ir.Undefined)]))
             return out
-        return self._either(consecutive, vt, loads, gathers)
+        return self._either(spaced(1), vt, loads,
+                            lambda: self._either(spaced(2), vt, lambda: loads(2), gathers))
 
     def _gather(self, vt: ir.VectorType) -> ir.Function:
         """LLVM's masked gather of vt's floats from a vector of pointers."""
