@@ -166,8 +166,9 @@ def test_a_product_reads_its_windows_in_place(conv, shape, transposed):
     """With the CPU's "windows" grouping an im2col is not written: the product reads the padded
     input through the windows as it copies each panel (an implicit GEMM), one vector load where a
     panel's positions are consecutive in the input, two and a shuffle where they step by two (a
-    stride-2 row), and a gather elsewhere (a row's end); strided, 3-d, 1-d, dilated and grouped convolutions, in both orientations, match torch.
-    Output rows of 16 or fewer positions run as one flat axis of columns."""
+    stride-2 row), and a gather elsewhere (a row's end); strided, 3-d, 1-d, dilated and grouped
+    convolutions, in both orientations, match torch. Output rows of 16 or fewer positions run as
+    one flat axis of columns."""
     torch.manual_seed(0)
     x = torch.randn(*shape)
     graph = lower(conv.eval(), (x,))

@@ -319,6 +319,9 @@ CASES: list[Case] = [
     C(aten._native_batch_norm_legit_no_training.default, rn(2, 3, 4, 4), rn(3), rn(3), rn(3), pos(3),
       0.1, 1e-5),
     C(aten.native_batch_norm.default, rn(2, 3, 5), None, rn(3), rn(3), pos(3), False, 0.1, 1e-5),
+    C(aten._native_batch_norm_legit.no_stats, rn(2, 3, 4, 5) * 3 + 1, rn(3), rn(3), True, 0.1, 1e-5),
+    C(aten._native_batch_norm_legit.no_stats, rn(1, 4, 27), None, None, True, 0.0, 1e-8,
+      _name="standardised"),
     C(aten.native_group_norm.default, rn(2, 6, 3, 3), rn(6), rn(6), 2, 6, 9, 3, 1e-5),
     # movement
     C(aten.view.default, X, [4, 3]), C(aten.view.default, X, [-1], _name="flat"),

@@ -759,6 +759,21 @@ def _native_batch_norm(ctx: Ctx, x, w, b, mean, var, training: bool, momentum: f
     return _batch_norm_eval(ctx, x, w, b, mean, var, momentum, eps)
 
 
+def _batch_norm_own_stats(ctx: Ctx, x: Node, w: Node | None, b: Node | None, training: bool,
+                          momentum: float, eps: float) -> tuple[Node, Node, Node]:
+    """Batch norm over the input's own statistics (no running ones kept): per channel (axis 1), the
+    mean and the biased variance over every other axis. A BatchNorm built without running
+    statistics does this at inference; NF-ResNet's and BiT's standardised convolutions do it to
+    their weights (then it is weight-only, and folded at compile time)."""
+    axes = [0, *range(2, len(x.shape))]
+    mean = P.mean(x, axes, keepdim=True)
+    d = P.sub(x, mean)
+    rstd = P.rsqrt(P.add(P.mean(P.mul(d, d), axes, keepdim=True), eps))
+    c = (x.shape[1],)
+    out = _affine(P.mul(d, rstd), w, b, c + (1,) * (len(x.shape) - 2))
+    return out, P.reshape(mean, c), P.reshape(rstd, c)
+
+
 def _group_norm(ctx: Ctx, x: Node, w: Node | None, b: Node | None, n: sint, c: sint, hw: sint,
                 groups: int, eps: float) -> tuple[Node, Node, Node]:
     grouped = P.reshape(x, (n, groups, prod(x.shape[1:]) // groups))
@@ -1373,6 +1388,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: _layer_norm,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval,
     aten.native_batch_norm.default: _native_batch_norm,
+    aten._native_batch_norm_legit.no_stats: _batch_norm_own_stats,
     aten.native_group_norm.default: _group_norm,
     # movement
     aten.view.default: _view, aten._unsafe_view.default: _view, aten.reshape.default: _view,
