@@ -320,6 +320,11 @@ CASES: list[Case] = [
       0.1, 1e-5),
     C(aten.native_batch_norm.default, rn(2, 3, 5), None, rn(3), rn(3), pos(3), False, 0.1, 1e-5),
     C(aten._native_batch_norm_legit.no_stats, rn(2, 3, 4, 5) * 3 + 1, rn(3), rn(3), True, 0.1, 1e-5),
+    # F.unfold and F.fold
+    C(aten.im2col.default, rn(2, 3, 7, 8), [3, 3], [1, 1], [1, 1], [2, 2]),
+    C(aten.im2col.default, rn(3, 6, 5), [2, 3], [2, 1], [1, 0], [1, 2], _name="unbatched-dilated"),
+    C(aten.col2im.default, rn(2, 27, 16), [7, 8], [3, 3], [1, 1], [1, 1], [2, 2]),
+    C(aten.col2im.default, rn(18, 12), [6, 5], [2, 3], [2, 1], [1, 0], [1, 2], _name="unbatched-dilated"),
     C(aten._native_batch_norm_legit.no_stats, rn(1, 4, 27), None, None, True, 0.0, 1e-8,
       _name="standardised"),
     C(aten.native_group_norm.default, rn(2, 6, 3, 3), rn(6), rn(6), 2, 6, 9, 3, 1e-5),

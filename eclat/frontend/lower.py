@@ -3,6 +3,7 @@ walk over the FX graph that applies the lowering table in `ops.py` node by node.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import re
@@ -38,6 +39,20 @@ def source_line(node: torch.fx.Node) -> str | None:
     return f"{os.path.basename(path)}:{line} in {fn}: {code.strip()}"
 
 
+# ops eclat lowers better than torch's decomposition of them: F.unfold and F.fold (im2col, col2im)
+# decompose into index_put(accumulate=True), a scatter-add eclat can only run as a one-hot product
+KEPT = ("im2col", "col2im")
+
+
+@functools.cache
+def _decompositions() -> Any:
+    """torch.export's core ATen decompositions, less those of KEPT."""
+    table = torch.export.default_decompositions()
+    for name in KEPT:
+        table.pop(getattr(torch.ops.aten, name).default, None)
+    return table
+
+
 def export(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs: tuple,
            dynamic_shapes: Any = None) -> torch.export.ExportedProgram:
     """model's forward in core ATen; a program exported already (transformers' cached decoders
@@ -49,7 +64,7 @@ def export(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
             if not isinstance(model, torch.export.ExportedProgram):
                 model = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
-            return model.run_decompositions()
+            return model.run_decompositions(_decompositions())
     except Exception as e:  # torch raises many types; all mean "could not export"
         raise ExportError(f"torch.export failed for {name}: {type(e).__name__}: {e}") from e
 

@@ -584,6 +584,48 @@ def _conv_transpose(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Seque
     return _convolution(ctx, x, wt, bias, [1] * nd, [0] * nd, dilation, False, [0] * nd, groups)
 
 
+def _fold_sizes(size: Sequence[sint], kernel: Sequence[int], dilation: Sequence[int],
+                padding: Sequence[int], stride: Sequence[int]) -> list[int]:
+    """The number of blocks along each axis of F.unfold / F.fold over an input of `size`."""
+    out = []
+    for n, k, d, p, s in zip(size, kernel, dilation, padding, stride):
+        if as_int(n) is None:
+            raise NotImplementedError("fold/unfold over a symbolic size")
+        out.append((as_int(n) + 2 * p - d * (k - 1) - 1) // s + 1)
+    return out
+
+
+def _im2col(ctx: Ctx, x: Node, kernel_size: Sequence[int], dilation: Sequence[int], padding: Sequence[int],
+            stride: Sequence[int]) -> Node:
+    """F.unfold: [N, C*kh*kw, L], the windows of the padded input copied as columns."""
+    lead = x.shape[:-3]
+    blocks = _fold_sizes(x.shape[-2:], kernel_size, dilation, padding, stride)
+    win = _windows(x, kernel_size, stride, padding, dilation, blocks, 0.0)  # [.., C, LH, LW, kh, kw]
+    c = len(lead)
+    cols = g.contiguous(P.permute(win, [*range(c), c, c + 3, c + 4, c + 1, c + 2]))
+    return P.reshape(cols, ctx.out_shape)
+
+
+def _col2im(ctx: Ctx, x: Node, output_size: Sequence[int], kernel_size: Sequence[int],
+            dilation: Sequence[int], padding: Sequence[int], stride: Sequence[int]) -> Node:
+    """F.fold (the inverse of an im2col, summing overlaps): for each filter tap, its blocks placed on
+    the padded output where they were read from (a view: strided, zeros between), the taps'
+    placements added, the padding cropped. No scatter: each output sums kh*kw placed reads."""
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel_size, dilation, padding, stride
+    lead, (h, w) = x.shape[:-2], (as_int(output_size[0]), as_int(output_size[1]))
+    lh, lw = _fold_sizes((h, w), kernel_size, dilation, padding, stride)
+    c = as_int(x.shape[-2]) // (kh * kw)
+    taps = P.reshape(x, (*lead, c, kh, kw, lh, lw))
+    at = len(lead)
+    out = None
+    for i, j in itertools.product(range(kh), range(kw)):
+        tap = g.movement(taps, lambda v, i=i, j=j: v.slice(at + 1, i, i + 1).slice(at + 2, j, j + 1))
+        tap = P.reshape(tap, (*lead, c, lh, lw))
+        placed = _place(_place(tap, at + 1, i * dh, sh, h + 2 * ph), at + 2, j * dw, sw, w + 2 * pw)
+        out = placed if out is None else P.add(out, placed)
+    return g.movement(out, lambda v: v.slice(at + 1, ph, ph + h).slice(at + 2, pw, pw + w))
+
+
 def _place_every(x: Node, axis: int, step: int) -> Node:
     """x with step - 1 zeros between neighbours along axis: length (n - 1) * step + 1."""
     n = as_int(x.shape[axis])
@@ -1389,6 +1431,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._native_batch_norm_legit_no_training.default: _batch_norm_eval,
     aten.native_batch_norm.default: _native_batch_norm,
     aten._native_batch_norm_legit.no_stats: _batch_norm_own_stats,
+    aten.im2col.default: _im2col,
+    aten.col2im.default: _col2im,
     aten.native_group_norm.default: _group_norm,
     # movement
     aten.view.default: _view, aten._unsafe_view.default: _view, aten.reshape.default: _view,
