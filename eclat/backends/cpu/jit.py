@@ -14,6 +14,7 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
 from . import code_store
+from .host import vector_bytes
 from .llvm_worker import compile_all, compiled, machine, optimised
 from .threads import pool_address, pool_unavailable
 
@@ -78,10 +79,21 @@ def _loop_ids(text: str) -> str:
 
 
 def _prepared(module: Any, tm: llvm.TargetMachine) -> str:
-    """module's IR text for tm, its loop hints made loop ids."""
+    """module's IR text for tm, its loop hints made loop ids, each function asking the vectoriser
+    for the host's widest vectors: LLVM prefers 256 bits on Intel's AVX-512 cores, where the
+    contractions use all 512 (SiLU, GELU and softmax ran 1.1-1.2x faster at 512, whole vision
+    models up to 1.1x; A/B in one process, Xeon emeraldrapids)."""
     module.triple = llvm.get_process_triple()
     module.data_layout = str(tm.target_data)
-    return _loop_ids(str(module))
+    return widest_vectors(_loop_ids(str(module)), 8 * vector_bytes())
+
+
+def widest_vectors(text: str, bits: int) -> str:
+    """IR text with each function defined in it preferring vectors of bits (none: 0; a text that
+    states a preference, LLVM's own print of a prepared module, is kept)."""
+    if not bits or "prefer-vector-width" in text:
+        return text
+    return re.sub(r"^(define [^\n]*?)( \{)?$", rf'\1 "prefer-vector-width"="{bits}"\2', text, flags=re.M)
 
 
 CODE_CACHE_BYTES = 256 << 20  # compiled kernel functions kept in this process, least recently used out
