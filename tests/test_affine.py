@@ -5,6 +5,8 @@ compiled program, and against torch."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -111,3 +113,33 @@ def test_k_scale_moves_a_feature_scale_to_the_other_operand():
     assert k_scale(gamma, a, View.contiguous((64, 32)), left=True) == View.make((64, 32), (1, 0))
     per_token = View.make((2, 8, 64), (0, 1, 0))
     assert k_scale(per_token, a, View.contiguous((64, 32)), left=True) is None
+
+
+class SqueezeExcite(nn.Module):
+    """EfficientNet's squeeze-excitation then the 1x1 projection after it."""
+
+    def __init__(self, c: int = 32, out: int = 8):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Conv2d(c, 4, 1), nn.Conv2d(4, c, 1)
+        self.project = nn.Conv2d(c, out, 1, bias=False)
+
+    def forward(self, x):
+        scale = torch.sigmoid(self.fc2(torch.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+        return self.project(x * scale)
+
+
+def test_a_computed_channel_scale_moves_onto_the_weights_of_the_product_after_it():
+    """x * s[c] then a 1x1 convolution over c: the rule `matmul-scale-k-copied-b` scales the
+    convolution's weights by s (out x c values) where x * s was a pass over every pixel, and the
+    product reads x itself. The extraction's cost prefers it (the best candidate alone, k=1, so
+    that no timing decides)."""
+    torch.manual_seed(0)
+    model, x = SqueezeExcite().eval(), torch.randn(1, 32, 20, 20)
+    compiled = eclat.compile(model, (x,), target="cpu", autotune="none", k=1)
+    rules = compiled.report()["egraph"]["rules"]["affine"]
+    assert rules["matmul-scale-k-copied-b"] > 0
+    program = compiled.executable.program
+    sizes = {k.name: math.prod(k.shape) for k in program.kernels}
+    assert max(sizes.values()) == 8 * 400  # the projection's output: no kernel writes x * s
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

@@ -19,6 +19,11 @@ norm's weights or statistics:
   bias that follows the product (read through a view, which hides the sum from add-assoc).
 - `matmul-scale-k-a/b`: (x * view(l)) @ (View y vb) = x @ (y * l along K), where view(l) read as
   the operand varies only along the contraction axis K (a norm's scale); likewise on the right.
+- `matmul-scale-k-copied-a/b`: the same for any scale (a squeeze-excitation's, computed) of an
+  operand read from a copy of a view (a 1x1 convolution's im2col), where the other operand is the
+  smaller: the weights are scaled (out x in values) where x * s was a pass over every pixel, and
+  the product reads the copy's source through one view (`vcomp`). Not folded: the search's cost
+  and timing choose (efficientnet_b0 and mobilenet_v3_large 1.04x).
 """
 
 from __future__ import annotations
@@ -144,6 +149,33 @@ def fill_affine(enc) -> list[tuple[str, tuple[int, ...], int]]:
                 got = k_scale(attrs[vl], a2 if left else b2, b2 if left else a2, left)
                 if got is not None:
                     out.append((name, (vl, ida, idb), enc.view_id(got)))
+    # a computed scale along K of a product's operand copied first (a squeeze-excitation's, before
+    # the 1x1 convolution after it, whose im2col copies it): for that product's plans, and for the
+    # matmuls the graph holds
+    operands = []  # (operand term (a View), left, ids of the plan's a and b views)
+    for k, ps in plans.items():
+        _, i, j = terms[terms[k][1]]
+        for va, vb, _, a2, b2, _ in ps:
+            ids = (enc.view_id(a2), enc.view_id(b2))
+            operands += [(i, True, ids)] if terms[i][2] == va else [(j, True, ids)]
+            operands += [(j, False, ids)] if terms[j][2] == vb else [(i, False, ids)]
+    operands += [(t[1 + side], side == 0, (terms[t[1]][2], terms[t[2]][2])) for t in terms if t[0] == "Matmul"
+                 and terms[t[1]][0] == "View" and terms[t[2]][0] == "View" for side in (0, 1)]
+    for operand, left, (ida, idb) in operands:
+        copy = terms[terms[operand][1]]
+        if copy[0] != "Contiguous" or terms[copy[1]][0] != "View" or terms[terms[copy[1]][1]][0] != "Mul":
+            continue
+        vw, this, other = terms[copy[1]][2], attrs[ida if left else idb], attrs[idb if left else ida]
+        direct = compose(attrs[vw], this)  # the operand read from the copy's source
+        if math.prod(_ints(other.shape) or [0]) >= math.prod(_ints(this.shape) or [0]):
+            continue  # the scale moves to the smaller operand only (7x7 pixels, 960 channels: stays)
+        for factor in terms[terms[copy[1]][1]][1:]:
+            vl = terms[factor][2] if terms[factor][0] == "View" else None
+            through = None if vl is None or direct is None else compose(attrs[vl], attrs[vw])
+            got = None if through is None else k_scale(through, this, other, left)
+            if got is not None:
+                out += [(f"kscale_copied_{'a' if left else 'b'}", (vl, vw, ida, idb), enc.view_id(got)),
+                        ("vcomp", (vw, ida if left else idb), enc.view_id(direct))]
     return out
 
 
@@ -164,7 +196,7 @@ def _scaled_product(rows: bool, bias: bool = False) -> Graph:
     return Graph([x, y, s, *[z] * bias], [g.binary("mul", p, g.movement(s, along))], {})
 
 
-def _affine_into_matmul(shift: bool, left: bool, bias: bool = False) -> Graph:
+def _affine_into_matmul(shift: bool, left: bool, bias: bool = False, copied: bool = False) -> Graph:
     """(x * l + m) @ y with l, m weights [4] along K (on the left), or y @ (x * l + m) with l, m
     [3] along K (on the right); the weights are graph weights, as a norm's affine part is. With
     bias: the product read transposed, plus an input."""
@@ -178,6 +210,8 @@ def _affine_into_matmul(shift: bool, left: bool, bias: bool = False) -> Graph:
     else:
         along = lambda n: g.movement(n, lambda v: v.reshape((3, 1)).expand((3, 4)))
     a = g.binary("add", g.binary("mul", x, along(lw)), along(mw)) if shift else g.binary("mul", x, along(lw))
+    if copied:  # through a copy of a view, a 1x1 convolution's im2col; the scale computed
+        a = g.contiguous(g.view(g.binary("mul", x, along(g.unary("exp2", lw))), View.contiguous(a.shape)))
     a = g.view(a, View.contiguous(a.shape))  # the matmul reads its operands through views
     if left:
         y = g.input_("y", (4, 2))
@@ -221,4 +255,17 @@ RULES = RuleSet("affine", (
     Rule("matmul-scale-k-b", "(Matmul (View y va) (View (Mul x (View (Leaf l) vl)) vb))",
          "(Matmul (Mul (View y va) (View (Leaf l) vk)) (View x vb))", ("(= vk (kscale_b vl va vb))",),
          example=lambda: _affine_into_matmul(shift=False, left=False)),
+    # any scale along K (a computed one: a squeeze-excitation's) of an operand the product reads
+    # from a copy (a 1x1 convolution's im2col): the other operand (the weights, far fewer
+    # elements) is scaled instead, and the product reads the copy's source
+    Rule("matmul-scale-k-copied-a",
+         "(Matmul (View (Contiguous (View (Mul x (View l vl)) vw)) va) (View y vb))",
+         "(Matmul (View x vx) (Mul (View y vb) (View l vk)))",
+         ("(= vk (kscale_copied_a vl vw va vb))", "(= vx (vcomp vw va))"),
+         example=lambda: _affine_into_matmul(False, True, copied=True)),
+    Rule("matmul-scale-k-copied-b",
+         "(Matmul (View y va) (View (Contiguous (View (Mul x (View l vl)) vw)) vb))",
+         "(Matmul (Mul (View y va) (View l vk)) (View x vx))",
+         ("(= vk (kscale_copied_b vl vw va vb))", "(= vx (vcomp vw vb))"),
+         example=lambda: _affine_into_matmul(False, False, copied=True)),
 ), explosive=True)

@@ -48,6 +48,7 @@ ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "sp
            "cat": 4, "catx": 3, "catw": 1, "part": 3,  # horizontal merges (merge.py)
            "mmid": 4, "ub_a": 2, "ub_b": 2, "ub_o": 2,  # contraction.py
            "mm_ow": 4, "scale_a": 5, "scale_b": 5, "vcomp": 2, "kscale_a": 3, "kscale_b": 3,  # affine.py
+           "kscale_copied_a": 4, "kscale_copied_b": 4,
            "rereads": 1,  # fusion.py
            "wconv": 3, "wgg": 3, "wfilter": 3, "wu": 3, "wout": 3,  # winograd.py
            "late_o": 6, "late_row": 6,  # recognition.py: a product normalised after it
