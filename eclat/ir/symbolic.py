@@ -208,14 +208,15 @@ def floordiv(a: sint, b: sint) -> Expr:
         lo, hi = bounds(a)
         if lo // b.v == hi // b.v:
             return Num(lo // b.v)
-        # (x*c) // c -> x and (x*c + y) // c -> x + y // c when 0 <= y < c
+        # (x*c) // c -> x and (x*c + y) // c -> x + y // c when 0 <= y (x*(c/d) when y < c)
         if isinstance(a, BinOp) and a.op == "*" and isinstance(a.b, Num) and a.b.v % b.v == 0:
             return mul(a.a, a.b.v // b.v)
         if isinstance(a, BinOp) and a.op == "+":
             for x, y in ((a.a, a.b), (a.b, a.a)):
                 if (isinstance(x, BinOp) and x.op == "*" and isinstance(x.b, Num)
-                        and x.b.v % b.v == 0 and 0 <= bounds(y)[0] and bounds(y)[1] < b.v):
-                    return mul(x.a, x.b.v // b.v)
+                        and x.b.v % b.v == 0 and 0 <= bounds(y)[0] and 0 <= bounds(x)[0]):
+                    whole = mul(x.a, x.b.v // b.v)
+                    return whole if bounds(y)[1] < b.v else add(whole, floordiv(y, b))
     if involves_sizes(a, b):
         split = _divided(a, b)
         if split is not None:
