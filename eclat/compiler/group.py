@@ -688,6 +688,11 @@ class _Grouping:
             axis = n.arg
             size = dims(n.srcs[0].shape)[axis]
             var = index_var(f"r{self.topo[id(n)]}", size)
+            # a mask over positions the reduction's indexes do not read (a padded copy of a
+            # GroupNorm's output: its statistics cover the whole group) does not guard its loads,
+            # which would then depend on those positions, and the reduction run once per position
+            if not variables(to_expr(guard)) & set().union(*(variables(to_expr(i)) for i in idxs)):
+                guard = Num(1)
             body = self.value(n.srcs[0], idxs[:axis] + (var,) + idxs[axis:], guard)
             return Reduce(n.op, size, var, body, n.dtype)
         if kind == "gather":
