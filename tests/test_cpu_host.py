@@ -383,27 +383,6 @@ def test_worker_processes_compile_what_this_process_would(monkeypatch):
 
 
 
-SCALE_LOOP = """
-define void @scale(ptr noalias %x, ptr noalias %y, i64 %n)
-{
-entry:
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%next, %loop]
-  %px = getelementptr float, ptr %x, i64 %i
-  %v = load float, ptr %px
-  %w = fmul float %v, 2.0
-  %py = getelementptr float, ptr %y, i64 %i
-  store float %w, ptr %py
-  %next = add i64 %i, 1
-  %done = icmp eq i64 %next, %n
-  br i1 %done, label %exit, label %loop
-exit:
-  ret void
-}
-"""
-
-
 def test_loops_are_vectorised_at_the_hosts_widest_vectors():
     """LLVM's vectoriser prefers 256-bit vectors on Intel's AVX-512 cores, where the contractions
     use all 512; kernel functions ask for the host's widest (jit.widest_vectors), so an
@@ -420,11 +399,12 @@ def test_loops_are_vectorised_at_the_hosts_widest_vectors():
         pb.getModulePassManager().run(mod, pb)
         return tm.emit_assembly(mod)
 
-    assert "ymm" in assembly(SCALE_LOOP) and "zmm" not in assembly(SCALE_LOOP)
-    assert "zmm" in assembly(jit.widest_vectors(SCALE_LOOP, 512))
-    assert jit.widest_vectors(SCALE_LOOP, 0) == SCALE_LOOP
-    printed = str(llvm.parse_assembly(SCALE_LOOP.replace("%n)\n{", "%n) {")))  # LLVM's form: `define ... {`
-    assert "zmm" in assembly(jit.widest_vectors(printed, 512))
+    printed = _kernel_texts(1)[0]  # LLVM's form, `define ... {`; llvmlite's puts `{` on a line of its own
+    written = printed.replace(") {\nentry", ")\n{\nentry")
+    for text in (printed, written):
+        assert "ymm" in assembly(text) and "zmm" not in assembly(text)
+        assert "zmm" in assembly(jit.widest_vectors(text, 512))
+    assert jit.widest_vectors(written, 0) == written
     again = str(llvm.parse_assembly(jit.widest_vectors(printed, 512)))
     assert jit.widest_vectors(again, 512) == again  # a prepared text's print is kept (an artifact's)
     # and this host's kernels ask for its own widest
