@@ -167,8 +167,10 @@ def test_a_product_reads_its_windows_in_place(conv, shape, transposed):
     input through the windows as it copies each panel (an implicit GEMM), one vector load where a
     panel's positions are consecutive in the input, two and a shuffle where they step by two (a
     stride-2 row), and a gather elsewhere (a row's end); strided, 3-d, 1-d, dilated and grouped
-    convolutions, in both orientations, match torch. Output rows of 16 or fewer positions run as
-    one flat axis of columns."""
+    convolutions, in both orientations, match torch. Output rows of SHORT_ROW or fewer positions
+    run as one flat axis of columns."""
+    from eclat.compiler.kernel import SHORT_ROW
+
     torch.manual_seed(0)
     x = torch.randn(*shape)
     graph = lower(conv.eval(), (x,))
@@ -177,7 +179,7 @@ def test_a_product_reads_its_windows_in_place(conv, shape, transposed):
     assert len(program.kernels) < len(im2col.kernels)  # the patches' copy is gone
     with torch.no_grad():
         want = conv(x).numpy()
-    if 1 < want.shape[-1] <= 16 and want.ndim > 3:  # short rows run as one flat axis (kernel.flatten_rows)
+    if 1 < want.shape[-1] <= SHORT_ROW and want.ndim > 3:  # short rows run as one flat axis (flatten_rows)
         (product,) = [k for k in program.kernels if as_contraction(k) is not None]
         assert product.shape[-1] > want.shape[-1], product.shape
     program.kernels = [replace(k, schedule=replace(default_schedule(k), transposed=transposed))
