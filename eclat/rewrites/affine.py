@@ -209,9 +209,11 @@ def _affine_into_matmul(shift: bool, left: bool, bias: bool = False, copied: boo
         along = lambda n: g.movement(n, lambda v: v.reshape((1, 4)).expand((3, 4)))
     else:
         along = lambda n: g.movement(n, lambda v: v.reshape((3, 1)).expand((3, 4)))
-    a = g.binary("add", g.binary("mul", x, along(lw)), along(mw)) if shift else g.binary("mul", x, along(lw))
-    if copied:  # through a copy of a view, a 1x1 convolution's im2col; the scale computed
-        a = g.contiguous(g.view(g.binary("mul", x, along(g.unary("exp2", lw))), View.contiguous(a.shape)))
+    a = g.binary("mul", x, along(g.unary("exp2", lw) if copied else lw))
+    if copied:  # a computed scale, read through a copy of a view (a 1x1 convolution's im2col)
+        a = g.contiguous(g.view(a, View.contiguous(a.shape)))
+    elif shift:
+        a = g.binary("add", a, along(mw))
     a = g.view(a, View.contiguous(a.shape))  # the matmul reads its operands through views
     if left:
         y = g.input_("y", (4, 2))
