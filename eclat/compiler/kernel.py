@@ -371,9 +371,13 @@ def coalesce(kernel: Kernel) -> Kernel:
     # with c_d = size_after_d * c_l is c_l * j for j the merged index
     to = {f"i{run[-1]}": new_vars[g] for g, run in enumerate(groups)}
     gone = {f"i{d}" for d in range(len(shape))} - to.keys()
-    sub = lambda v: Num(0) if v.name in gone else to.get(v.name, v)
+    return _reindexed(kernel, new_shape, lambda v: Num(0) if v.name in gone else to.get(v.name, v))
+
+
+def _reindexed(kernel: Kernel, shape: tuple[sint, ...], sub: Callable[[Var], Expr]) -> Kernel:
+    """kernel over a new output shape, each index variable of its body replaced by sub(variable)."""
     body = rewrite(kernel.body, index=lambda x: map_vars(x, sub))
-    return dataclasses.replace(kernel, shape=new_shape, body=body)
+    return dataclasses.replace(kernel, shape=shape, body=body)
 
 
 def split_last(kernel: Kernel, size: int) -> Kernel:
@@ -382,9 +386,7 @@ def split_last(kernel: Kernel, size: int) -> Kernel:
     *lead, last = kernel.shape
     new_shape = (*lead, last // size, size)
     outer, inner = axis_vars(new_shape)[-2:]
-    sub = lambda v: outer * size + inner if v.name == f"i{len(lead)}" else v
-    body = rewrite(kernel.body, index=lambda x: map_vars(x, sub))
-    return dataclasses.replace(kernel, shape=new_shape, body=body)
+    return _reindexed(kernel, new_shape, lambda v: outer * size + inner if v.name == f"i{len(lead)}" else v)
 
 
 def split_groups(kernel: Kernel) -> Kernel:
@@ -406,10 +408,8 @@ def split_groups(kernel: Kernel) -> Kernel:
             shape = (*kernel.shape[:a], n // size, size, *kernel.shape[a + 1:])
             new = axis_vars(shape)
             moved = {f"i{b}": new[b + (b > a)] for b in range(len(kernel.shape)) if b != a}
-            sub = lambda v, a=a, size=size, new=new, moved=moved: \
-                new[a] * size + new[a + 1] if v.name == f"i{a}" else moved.get(v.name, v)
-            split = dataclasses.replace(kernel, shape=shape,
-                                        body=rewrite(kernel.body, index=lambda x, sub=sub: map_vars(x, sub)))
+            split = _reindexed(kernel, shape, lambda v, a=a, size=size, new=new, moved=moved:
+                               new[a] * size + new[a + 1] if v.name == f"i{a}" else moved.get(v.name, v))
             if c is None and _per_group(split, a) or c is not None and _with_rows(split):
                 return split
     return kernel
@@ -450,8 +450,7 @@ def flatten_rows(kernel: Kernel) -> Kernel:
     new_shape = (*shape[:-2], rows * cols)
     flat = axis_vars(new_shape)[-1]
     sub = {f"i{len(shape) - 2}": flat // cols, f"i{len(shape) - 1}": flat % cols}
-    merged = dataclasses.replace(kernel, shape=new_shape, body=rewrite(
-        kernel.body, index=lambda x: map_vars(x, lambda v: sub.get(v.name, v))))
+    merged = _reindexed(kernel, new_shape, lambda v: sub.get(v.name, v))
     turned = as_contraction(merged)
     same = turned is not None and turned.n_axis == len(new_shape) - 1 and turned.m_axis == c.m_axis
     return merged if same else kernel

@@ -773,13 +773,19 @@ def _affine(x: Node, w: Node | None, b: Node | None, shape: Sequence[sint]) -> N
     return x
 
 
-def _layer_norm(ctx: Ctx, x: Node, normalized_shape: Sequence[int], w: Node | None, b: Node | None,
-                eps: float) -> tuple[Node, Node, Node]:
-    axes = list(range(len(x.shape) - len(normalized_shape), len(x.shape)))
+def _standardised(x: Node, axes: list[int], eps: float) -> tuple[Node, Node, Node]:
+    """(x - mean) * rstd over axes, the mean and rstd = 1 / sqrt(biased variance + eps), kept dims."""
     mean = P.mean(x, axes, keepdim=True)
     d = P.sub(x, mean)
     rstd = P.rsqrt(P.add(P.mean(P.mul(d, d), axes, keepdim=True), eps))
-    return _affine(P.mul(d, rstd), w, b, x.shape[axes[0]:]), mean, rstd
+    return P.mul(d, rstd), mean, rstd
+
+
+def _layer_norm(ctx: Ctx, x: Node, normalized_shape: Sequence[int], w: Node | None, b: Node | None,
+                eps: float) -> tuple[Node, Node, Node]:
+    axes = list(range(len(x.shape) - len(normalized_shape), len(x.shape)))
+    out, mean, rstd = _standardised(x, axes, eps)
+    return _affine(out, w, b, x.shape[axes[0]:]), mean, rstd
 
 
 def _batch_norm_eval(ctx: Ctx, x: Node, w: Node | None, b: Node | None, mean: Node, var: Node,
@@ -807,23 +813,15 @@ def _batch_norm_own_stats(ctx: Ctx, x: Node, w: Node | None, b: Node | None, tra
     mean and the biased variance over every other axis. A BatchNorm built without running
     statistics does this at inference; NF-ResNet's and BiT's standardised convolutions do it to
     their weights (then it is weight-only, and folded at compile time)."""
-    axes = [0, *range(2, len(x.shape))]
-    mean = P.mean(x, axes, keepdim=True)
-    d = P.sub(x, mean)
-    rstd = P.rsqrt(P.add(P.mean(P.mul(d, d), axes, keepdim=True), eps))
+    out, mean, rstd = _standardised(x, [0, *range(2, len(x.shape))], eps)
     c = (x.shape[1],)
-    out = _affine(P.mul(d, rstd), w, b, c + (1,) * (len(x.shape) - 2))
-    return out, P.reshape(mean, c), P.reshape(rstd, c)
+    return _affine(out, w, b, c + (1,) * (len(x.shape) - 2)), P.reshape(mean, c), P.reshape(rstd, c)
 
 
 def _group_norm(ctx: Ctx, x: Node, w: Node | None, b: Node | None, n: sint, c: sint, hw: sint,
                 groups: int, eps: float) -> tuple[Node, Node, Node]:
-    grouped = P.reshape(x, (n, groups, prod(x.shape[1:]) // groups))
-    mean = P.mean(grouped, [2], keepdim=True)
-    d = P.sub(grouped, mean)
-    rstd = P.rsqrt(P.add(P.mean(P.mul(d, d), [2], keepdim=True), eps))
-    out = P.reshape(P.mul(d, rstd), x.shape)
-    out = _affine(out, w, b, (c,) + (1,) * (len(x.shape) - 2))
+    out, mean, rstd = _standardised(P.reshape(x, (n, groups, prod(x.shape[1:]) // groups)), [2], eps)
+    out = _affine(P.reshape(out, x.shape), w, b, (c,) + (1,) * (len(x.shape) - 2))
     return out, P.reshape(mean, (n, groups)), P.reshape(rstd, (n, groups))
 
 
