@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from eclat.compiler import pipeline
 
 _PROGRAMS = pipeline._programs
+
+
+@pytest.fixture(autouse=True, scope="session")
+def own_program_cache():
+    """The suite never reads programs a user's earlier compiles left in ~/.cache/eclat: a test that
+    checks what a compile emits would pass or fail by what happened to be cached."""
+    before = os.environ.get("ECLAT_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["ECLAT_CACHE_DIR"] = folder
+        yield
+    if before is None:
+        del os.environ["ECLAT_CACHE_DIR"]
+    else:
+        os.environ["ECLAT_CACHE_DIR"] = before
 
 
 @pytest.fixture

@@ -256,10 +256,11 @@ class CausalAtPosition(torch.nn.Module):
         return torch.softmax(scores.masked_fill(j > i, -math.inf), -1) @ v
 
 
-def test_a_mask_known_at_run_time_skips_the_blocks_it_hides(monkeypatch):
+def test_a_mask_known_at_run_time_skips_the_blocks_it_hides(monkeypatch, tmp_path):
     """The mask is built from a run-time position, so no constant table says which key blocks it
     hides: the kernel fills one per call before the heads run and skips the dead blocks. Positions
     where most blocks are dead, none are, and every key is hidden (torch gives NaN rows)."""
+    monkeypatch.setenv("ECLAT_CACHE_DIR", str(tmp_path))  # emit the kernel, not load it from the cache
     filled = []
     fill = AttentionEmitter._fill_mask_table
     monkeypatch.setattr(AttentionEmitter, "_fill_mask_table", lambda self: filled.append(1) or fill(self))
