@@ -60,6 +60,22 @@ def test_a_fast_search_groups_only_the_candidates_it_may_time(monkeypatch):
     assert len(grouped) == 2 * few["extracted"]  # under the cap: every candidate, both ways
 
 
+def test_no_autotuning_still_ranks_candidates_on_the_measured_device(tmp_path, monkeypatch):
+    """autotune="none" tunes no schedule and keeps no choice, but the e-graph ranks its candidates
+    by this machine's roofline, not a default one: on a host whose peak is twice the default's, a
+    3x3 convolution of 16 channels had been Winograd by the default's figures and ran 1.5x slower."""
+    seen = []
+    real = pipeline._candidates
+    monkeypatch.setattr(pipeline, "_candidates", lambda *a: seen.append(a[3]) or real(*a))
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 4, 8, 8)
+    compiled = eclat.compile(model, (x,), autotune="none", k=2, cache_dir=tmp_path, quiet=True)
+    assert seen[0] is not None and seen[0].gflops("float32") > 0
+    assert compiled.report()["device"]["peak_gflops"] == seen[0].gflops("float32")
+    assert not (tmp_path / "tuning.db").exists()
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_a_fast_search_times_each_grouping_at_least_once():
     """The estimates choose what a fast search times, but each grouping's best estimate is timed
     even when the other grouping holds every cheaper one: an estimate's blind spot in one grouping

@@ -68,8 +68,9 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
                   dynamic_shapes: Any = None, program_cache_used: bool = True) -> CompiledModel:
     """Compile model for target. threads: CPU threads per kernel (default 1: predictable, and
     no oversubscription when the caller runs several models); autotune: "none" keeps the
-    default schedules and skips device measurement (candidates are still timed: the e-graph's
-    first can be several times slower than another); db: the tuning database (a path or a
+    default schedules and neither reads nor writes the tuning database (the device is still measured,
+    once per machine, for the roofline that ranks candidates, and candidates are still timed: the
+    e-graph's first can be several times slower than another); db: the tuning database (a path or a
     TuningDB; default <cache_dir>/tuning.db) to read and record choices in; weights: "fp32", or a
     low-precision format for the weights of products (compiler.quantize: "bf16", "int8", "int4",
     "int4-128"), whose error on the example inputs is in the report; max_error: the largest
@@ -132,7 +133,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     bars = True if quiet else None  # progress bars: on a terminal, unless quiet
     missing = backend.missing()
     with phase("device"):
-        device = _device(target, threads, cache_dir) if autotune != "none" and not missing else None
+        device = _device(target, threads, cache_dir) if not missing else None  # its roofline ranks programs
     with progress(total=1, desc="e-graph", quiet=bars) as bar:
         candidates, egraph = _candidates(graph, target, k, device)
         bar.update()
@@ -145,7 +146,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
             egraph = {**egraph, "differs": [egraph["differs"][j] for j in keep]}
     if missing:
         return _deferred(graph, candidates, backend, target, threads, egraph, missing, start, in_structure)
-    tdb, owned = _open_db(db, cache_dir) if device is not None else (None, False)
+    tdb, owned = _open_db(db, cache_dir) if device is not None and autotune != "none" else (None, False)
     try:
         with phase("reference"):
             reference = _references(graph, candidates, arrays) if verify else lambda n: None

@@ -275,6 +275,8 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False, roof: Roofli
     # a weight read through a view is a compile-time constant too (layout makes such arrays)
     leaves |= {c for node, c, kids in zip(data.nodes, data.node_class, data.children)
                if not copy_leaves and node[0] == "View" and kids[0] in leaves}
+    # an im2col (a copy of overlapping windows) is a new buffer, not a copy of one that exists
+    windows = {data.node_class[n] for n in data.rereads}
     operands = _product_operands(data)
     fills = {c for node, c in zip(data.nodes, data.node_class) if node[0] == "Fill"}
     loaded = ELEMENTWISE | set(FUSED_REDUCTIONS)
@@ -283,7 +285,8 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False, roof: Roofli
         if c not in data.info or any(k not in data.info for k in kids):
             return math.inf
         if node[0] == "Contiguous":
-            return node_cost(node, data.info[c], [], attrs, roof) + (COPY if kids[0] in leaves else 0.0)
+            copy = kids[0] in leaves and kids[0] not in windows
+            return node_cost(node, data.info[c], [], attrs, roof) + (COPY if copy else 0.0)
         if n in data.folded:
             return 0.0
         shapes = [data.info[k] for k in kids]
