@@ -244,6 +244,26 @@ def test_taps_that_read_only_padding_are_left_out(dilation, stride, groups):
         assert sum(k.flops for k in fast.compile_report.kernels) <= 2 * 8 * 8 * 16 * 11 + 8 * 16 * 11
 
 
+@pytest.mark.parametrize("conv, shape, regions", [
+    (torch.nn.Conv2d(8, 6, 3, padding=12, dilation=12), (1, 8, 16, 16), True),  # DeepLab's rate 12
+    (torch.nn.Conv2d(8, 6, 3, padding=8, dilation=8, stride=2, groups=2), (2, 8, 12, 10), True),
+    (torch.nn.Conv1d(16, 12, 3, padding=7, dilation=7), (1, 16, 8), True),
+    (torch.nn.Conv3d(3, 4, 3, padding=5, dilation=5), (1, 3, 6, 6, 7), False),  # 27 regions: padded
+])
+def test_windows_that_read_mostly_padding_run_by_regions(conv, shape, regions):
+    """A convolution whose windows read padding at most taps runs as one convolution per region of
+    outputs that read the same taps, without padding: its products do at most half the work of the
+    padded one's. Split or not (too many regions), it matches torch."""
+    torch.manual_seed(0)
+    model, x = conv.eval(), torch.randn(*shape)
+    fast = eclat.compile(model, (x,), autotune="none", k=1, quiet=True)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(fast(x), want, rtol=1e-4, atol=1e-4)
+    padded = 2 * want.numel() * conv.weight[0].numel()
+    assert (sum(k.flops for k in fast.compile_report.kernels) <= 0.5 * padded) == regions
+
+
 def test_fold_is_a_sum_of_placed_taps_not_a_scatter():
     """F.fold (VOLO's outlook attention writes its windows back with it) lowers to the sum over
     its filter's taps of strided placements: a few operations per output element. torch's own

@@ -425,8 +425,15 @@ def _convolution(ctx: Ctx, x: Node, w: Node, bias: Node | None, stride: Sequence
     Positions innermost: the copy reads rows of the input and the GEMM reads unit-stride columns."""
     if transposed:
         return _conv_transpose(ctx, x, w, bias, stride, padding, dilation, output_padding, groups)
-    outs = ctx.out_shape[2:]
+    return _conv(x, w, bias, stride, padding, dilation, groups, ctx.out_shape[2:])
+
+
+def _conv(x: Node, w: Node, bias: Node | None, stride: Sequence[int], padding: Sequence[int],
+          dilation: Sequence[int], groups: int, outs: Sequence[sint]) -> Node:
     x, w, padding = _live_taps(x, w, stride, padding, dilation, outs)
+    runs = _tap_runs(x, w, stride, padding, dilation, outs)
+    if runs is not None:
+        return _conv_by_regions(x, w, bias, stride, padding, dilation, groups, runs)
     nd = len(x.shape) - 2
     n = x.shape[0]
     o, cg, *ks = w.shape
@@ -472,6 +479,64 @@ def _live_taps(x: Node, w: Node, stride: Sequence[int], padding: Sequence[int], 
             x = g.movement(x, lambda v, at=at, skip=-pads[axis], n=n: v.slice(at, skip, n))
             pads[axis] = 0
     return x, w, pads
+
+
+# a convolution whose windows read mostly padding (a dilated one over a small map: DeepLab's atrous
+# rate 12 over 16x16 positions multiplies zeros in 3/4 of its products) runs as one convolution per
+# region of outputs that read the same taps, each without padding, when that does at most this share
+# of the work, in at most this many regions
+REGION_WORK = 0.5
+REGION_MAX = 9
+
+
+def _tap_runs(x: Node, w: Node, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+              outs: Sequence[sint]) -> list[list[tuple[int, int, int, int]]] | None:
+    """Per spatial axis, (first output, last output, first tap, last tap) of each run of outputs
+    whose windows read the input at the same taps; None unless regions pay (REGION_WORK, REGION_MAX)."""
+    runs, work = [], 1.0
+    for axis, (size, o, s, d, p) in enumerate(zip(x.shape[2:], outs, stride, dilation, padding)):
+        k, n, o = as_int(w.shape[2 + axis]), as_int(size), as_int(o)
+        if n is None or o is None:
+            return None
+        axis_runs: list[tuple[int, int, int, int]] = []
+        for j in range(o):
+            live = [t for t in range(k) if 0 <= j * s + t * d - p < n]
+            if not live:
+                return None  # an output of bias alone on this axis
+            if axis_runs and axis_runs[-1][2:] == (live[0], live[-1]):
+                axis_runs[-1] = (axis_runs[-1][0], j, live[0], live[-1])
+            else:
+                axis_runs.append((j, j, live[0], live[-1]))
+        runs.append(axis_runs)
+        work *= sum((b - a + 1) * (t1 - t0 + 1) for a, b, t0, t1 in axis_runs) / (o * k)
+    if work > REGION_WORK or math.prod(map(len, runs)) > REGION_MAX:
+        return None
+    return runs
+
+
+def _conv_by_regions(x: Node, w: Node, bias: Node | None, stride: Sequence[int], padding: Sequence[int],
+                     dilation: Sequence[int], groups: int, runs: list[list[tuple[int, int, int, int]]]
+                     ) -> Node:
+    """The convolution as one per region of outputs (a run on each axis), each reading the input it
+    covers at the taps it covers, with no padding; the regions concatenated axis by axis."""
+    def region(axis: int, x: Node, w: Node) -> Node:
+        if axis == len(runs):
+            return _conv(x, w, bias, stride, [0] * len(runs), dilation, groups,
+                         [b - a + 1 for a, b, _, _ in chosen])
+        parts = []
+        for run in runs[axis]:
+            a, b, t0, t1 = run
+            s, d, p, at = stride[axis], dilation[axis], padding[axis], 2 + axis
+            lo, hi = a * s + t0 * d - p, b * s + t1 * d - p + 1
+            xs = g.movement(x, lambda v, at=at, lo=lo, hi=hi: v.slice(at, lo, hi))
+            ws = g.movement(w, lambda v, at=at, t0=t0, t1=t1: v.slice(at, t0, t1 + 1))
+            chosen.append(run)
+            parts.append(region(axis + 1, xs, ws))
+            chosen.pop()
+        return _concatenated(parts, 2 + axis)
+
+    chosen: list[tuple[int, int, int, int]] = []
+    return region(0, x, w)
 
 
 def _depthwise(x: Node, w: Node, bias: Node | None, ks: Sequence[int], stride: Sequence[int],
@@ -873,21 +938,29 @@ def _select(ctx: Ctx, x: Node, dim: int, index: sint) -> Node:
 
 
 def _cat(ctx: Ctx, tensors: Sequence[Node], dim: int = 0) -> Node:
-    parts = [t for t in tensors if not (len(t.shape) == 1 and as_int(t.shape[0]) == 0)]
+    parts = [g.cast(t, ctx.out_dtype) for t in tensors if not (len(t.shape) == 1 and as_int(t.shape[0]) == 0)]
     axis = _axis(dim, len(ctx.out_shape))
-    total = ctx.out_shape[axis]
+    return _concatenated(parts, axis, ctx.out_shape) if parts else _out(ctx, 0)
+
+
+def _concatenated(parts: Sequence[Node], axis: int, shape: Sequence[sint] | None = None) -> Node:
+    """parts joined along axis (shape: the result's, stated where symbolic sums may not simplify to
+    it): each padded with zeros to the whole length, and the pieces added up."""
+    if shape is None:
+        shape = list(parts[0].shape)
+        shape[axis] = sum(as_int(t.shape[axis]) for t in parts)
+    shape = tuple(shape)
+    total = shape[axis]
     out: Node | None = None
     offset: sint = 0
     for t in parts:
-        t = g.cast(t, ctx.out_dtype)
         pads = [(0, 0)] * len(t.shape)
         pads[axis] = (offset, total - offset - t.shape[axis])
         offset = offset + t.shape[axis]
-        # the padded length is `total` (stated, since symbolic sums may not simplify to it)
-        piece = g.movement(t, lambda v, pads=pads: _with_shape(v.pad(pads), ctx.out_shape))
-        # padding reads as zero, so the pieces add up to the concatenation
+        piece = g.movement(t, lambda v, pads=pads: _with_shape(v.pad(pads), shape))
         out = piece if out is None else P.add(out, piece)
-    return out if out is not None else _out(ctx, 0)
+    assert out is not None
+    return out
 
 
 def _with_shape(v: View, shape: Sequence[sint]) -> View:
