@@ -4,6 +4,7 @@ whose register tiles scale with them, and code generated for another lane count 
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import llvmlite.binding as llvm
@@ -415,3 +416,24 @@ def test_loops_are_vectorised_at_the_hosts_widest_vectors():
     texts = build_module(code, plan).kernels.values()
     want = f'"prefer-vector-width"="{8 * host.vector_bytes()}"'
     assert host.vector_bytes() == 0 or all(want in text for text in texts)
+
+
+class GatherColumns(nn.Module):
+    def forward(self, x, idx):
+        return x[:, idx] * 2.0
+
+
+def test_a_gather_reads_its_rows_in_place_and_vectorised():
+    """x[:, idx] gathers rows of x in place (its leading axis joins the gathered one: no copy of x
+    with the indexed axis moved to the front, no permute of the result), and each row's start is
+    computed once per row, not per element: the loop along the row vectorises."""
+    from eclat.backends.cpu import jit
+
+    x, idx = torch.randn(4, 10, 64), torch.tensor([3, 0, 9, 3, 5, 1])
+    compiled = eclat.compile(GatherColumns().eval(), (x, idx), autotune="none", k=1, quiet=True)
+    torch.testing.assert_close(compiled(x, idx), GatherColumns()(x, idx))
+    program = compiled.executable.program
+    assert len(program.kernels) == 1, program.kernels
+    (text,) = compiled.executable.module.kernels.values()
+    optimised = jit.kernel_codes([text])[0][1]
+    assert host.vector_lanes() == 1 or re.search(r"load <\d+ x float>", optimised), optimised

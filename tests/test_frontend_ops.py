@@ -386,6 +386,8 @@ CASES: list[Case] = [
     C(aten.upsample_bilinear2d.vec, rn(1, 2, 3, 4), None, False, [2.0, 2.0]),
     C(aten.upsample_bilinear2d.vec, rn(1, 2, 3, 4), [7, 5], True, None, _name="align-corners"),
     C(aten.upsample_bilinear2d.vec, rn(2, 1, 5, 6), [3, 4], False, None, _name="down"),
+    C(aten.upsample_bilinear2d.vec, rn(1, 2, 4, 40), [9, 85], False, None, _name="wide"),  # gathers
+    C(aten.upsample_bilinear2d.vec, rn(1, 3, 4, 6), [32, 48], True, None, _name="8x-corners"),
     C(aten.upsample_nearest2d.default, rn(1, 2, 3, 4), [7, 10], 2.5, 2.5, _name="scales"),
     C(aten.triu.default, rn(4, 5), 1), C(aten.triu.default, rn(2, 4, 4), -1, _name="batched"),
     C(aten.tril.default, rn(4, 5)), C(aten.tril.default, I34, 2, _name="int"),

@@ -103,7 +103,7 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     keep = {op for op, d in OPS.items() if op in NATIVE_COMPOSITES | {"attend"} or d.alone}
     graph = decompose_composites(_products_before_masks(graph), keep=keep)
     nodes = graph.nodes()
-    forced = {id(n.srcs[0]) for n in nodes if n.op == "gather"}
+    forced = {id(_table(n)) for n in nodes if n.op == "gather"}
     forced |= {id(x) for n in nodes if n.kind == "composite" and OPS[n.op].alone for x in (n, *n.srcs)}
     in_place = "windows" in fused
     forced |= {id(n) for n in nodes if n.op == "attend" or n.op == "contiguous" and not _broadcast_copy(n)
@@ -125,6 +125,16 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     finally:
         sys.setrecursionlimit(limit)
     raise EclatError("kernel grouping did not converge")  # pragma: no cover
+
+
+def _table(gather: Node) -> Node:
+    """The node whose buffer a gather reads: its table, or what the table reshapes (the same
+    elements in the same order: a reshaped input or value is read in place, not copied)."""
+    table = gather.srcs[0]
+    if table.op == "view" and table.srcs[0].op != "view" and table.arg.is_contiguous \
+            and sym_eq(table.arg.numel, prod(table.srcs[0].shape)):
+        return table.srcs[0]
+    return table
 
 
 _ALONE: dict[tuple, tuple[Kernel, list[str]]] = {}
@@ -701,7 +711,7 @@ class _Grouping:
             rows = upper(table.shape[0])
             row_shape = list(dims(table.shape[1:]))
             inner = ravel(idxs[k:], row_shape)
-            return Gather(self.buf_of[id(table)], self.value(idx, idxs[:k], guard), rows,
+            return Gather(self.buf_of[id(_table(n))], self.value(idx, idxs[:k], guard), rows,
                           prod(row_shape), inner if guard == Num(1) else inner * guard, n.dtype)
         if kind == "contiguous":
             return self.value(n.srcs[0], idxs, guard)

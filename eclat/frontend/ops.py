@@ -1001,11 +1001,32 @@ def _upsample_bilinear(ctx: Ctx, x: Node, output_size: Sequence[int] | None, ali
             src = np.maximum((dst + np.float32(0.5)) * scale - np.float32(0.5), 0)
         lo = np.minimum(np.floor(src), n - 1).astype(np.int64)
         hi = np.minimum(lo + 1, n - 1)
-        frac = (src - lo).astype(np.float32).reshape((o,) + (1,) * (len(x.shape) - axis - 1))
+        frac = (src - lo).astype(np.float32)
+        if axis == len(x.shape) - 1 and n <= BLEND_AS_PRODUCT:
+            out = _blend_rows(ctx, out, lo, hi, frac)
+            continue
+        frac = frac.reshape((o,) + (1,) * (len(x.shape) - axis - 1))
         near, far = (_index(ctx, out, [None] * axis + [ctx.constant(i)]) for i in (lo, hi))
         w = g.expand_to(ctx.constant(frac), near.shape)
         out = P.add(P.mul(near, P.sub(1.0, w)), P.mul(far, w))
     return out
+
+
+# inputs along the last axis up to which linear interpolation along it is a product with the blend
+# matrix: a gather along the last axis reads its table transposed, one strided load per output
+# (DeepLab's 8x upsampling of 32 columns: 1610 us as gathers)
+BLEND_AS_PRODUCT = 32
+
+
+def _blend_rows(ctx: Ctx, x: Node, lo: np.ndarray, hi: np.ndarray, frac: np.ndarray) -> Node:
+    """x's last axis (n long) interpolated to len(lo) points: x @ B with B [n, len(lo)] holding
+    1 - frac at (lo, j) and frac at (hi, j) (summed where they meet)."""
+    n, o = as_int(x.shape[-1]), len(lo)
+    blend = np.zeros((n, o), np.float32)
+    np.add.at(blend, (lo, np.arange(o)), 1 - frac)
+    np.add.at(blend, (hi, np.arange(o)), frac)
+    rows = P.reshape(x, (prod(x.shape[:-1]), n))
+    return P.reshape(_product(rows, g.cast(ctx.constant(blend), x.dtype)), (*x.shape[:-1], o))
 
 
 def _place(x: Node, axis: int, start: int, step: int, n: int) -> Node:
@@ -1236,9 +1257,39 @@ def _index(ctx: Ctx, x: Node, indices: Sequence[Node | None]) -> Node:
     for i, n in zip(indices, x.shape):
         if i is not None:
             ctx.index_range(i, -n, n)  # negative indices count from the end
+    pos = [k for k, i in enumerate(indices) if i is not None]
+    if pos == list(range(pos[0], pos[-1] + 1)) and pos[0] > 0:
+        return _index_in_place(x, indices, pos)
     table, lin, _, order = _flatten_indexed(x, indices)
     out = g.gather(table, lin)
     return out if order is None else P.permute(out, order)
+
+
+def _index_in_place(x: Node, indices: Sequence[Node | None], pos: list[int]) -> Node:
+    """x[:, .., i, j, ..] with the index tensors on adjacent axes after the first: the leading axes
+    join the gathered ones (the table is x itself, rows of its trailing axes), so x is not copied
+    with the indexed axes moved to the front, nor is the gather's result permuted back (as a
+    transposed table, a gather along the last axis made one strided load per output). An index
+    past its axis is clamped to it, as the gather clamps one past the table."""
+    lead, tail = list(x.shape[:pos[0]]), list(x.shape[pos[-1] + 1:])
+    idx = [_normalise_index(indices[k], x.shape[k]) for k in pos]
+    bshape = P.broadcast_shape(*(i.shape for i in idx))
+    out_idx = (*lead, *bshape)
+    lin: Node | None = None
+    for axis in range(pos[-1] + 1):
+        size = P.lift(P.size_node(x.shape[axis]), DType.int64)
+        if axis < pos[0]:  # a leading axis: its position along the result
+            shape = [1] * len(out_idx)
+            shape[axis] = lead[axis]
+            i = P.reshape(g.iota(lead[axis], DType.int64), tuple(shape))
+        else:
+            i = g.cast(idx[axis - pos[0]], DType.int64)
+            i = P.reshape(i, (*(1,) * len(lead), *(1,) * (len(bshape) - len(i.shape)), *i.shape))
+            i = P.maximum(P.minimum(i, P.sub(size, P.lift(1, DType.int64))), P.lift(0, DType.int64))
+        i = g.expand_to(i, out_idx)
+        lin = i if lin is None else P.add(P.mul(lin, size), i)
+    table = P.reshape(x, (prod(x.shape[:pos[-1] + 1]), *tail))
+    return g.gather(table, lin)
 
 
 def _put_rows(table: Node, lin: Node, vals: Node, accumulate: bool) -> Node:

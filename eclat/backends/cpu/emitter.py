@@ -214,12 +214,12 @@ class KernelEmitter:
             out.append(p)
         return out
 
-    def hoist(self, candidates: list[Reduce]) -> None:
-        """Evaluate every candidate reduce whose variables are all bound now."""
+    def hoist(self, candidates: list[KExpr]) -> None:
+        """Evaluate every candidate (a reduce, a gather's row) whose variables are all bound now."""
         bound = self.scope.bound()
         for r in candidates:
             if free_vars(r, self.fv_memo) <= bound and self.scope.cached(r) is None:
-                self.scope.remember(r, self.reduce(r))
+                self.emit(r)
 
     # --- generic kernels ---------------------------------------------------------------------
     def body(self) -> int:
@@ -250,7 +250,9 @@ class KernelEmitter:
         k, vars_ = self.k, axis_vars(self.k.shape)
         shape = k.shape
         for lo, hi, piece in self._pieces(body, d):
-            cands = reduces(piece)
+            # a gather's row is computed in the loop over the axes it depends on, not per element
+            # (in the innermost loop its table loads keep the loop from vectorising)
+            cands = [*reduces(piece), *(x.idx for x in walk(piece) if isinstance(x, Gather))]
             pad = self._pad_split(piece) if d + 1 < len(shape) else None
             inside = self._interior(piece) if pad is None and not k.sides and d + 1 < len(shape) else None
 
