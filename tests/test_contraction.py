@@ -16,6 +16,7 @@ from eclat.rewrites import optimize
 from eclat.rewrites.contraction import unbatch
 from eclat.rewrites.encode import Encoding
 from eclat.rewrites.extract import (
+    ACCUMULATOR_FLOPS,
     CPU,
     EGraphData,
     Roofline,
@@ -163,9 +164,11 @@ def test_matmul_cost_is_a_roofline():
     f32 = DType.float32
     roof = Roofline(flops=1e11, bandwidth=1e10, launch=1e-6)
     mm = lambda m, k, n: node_cost(("Matmul", 0, 1), ((m, n), f32), [((m, k), f32), ((k, n), f32)], [], roof)
-    assert mm(512, 512, 512) == pytest.approx(1e9 * (2 * 512**3 / 1e11 + 1e-6))  # compute bound
+    acc = ACCUMULATOR_FLOPS  # each output's accumulator costs this many multiply-adds more
+    assert mm(512, 512, 512) == pytest.approx(1e9 * (2 * 512**2 * (512 + acc) / 1e11 + 1e-6))  # compute bound
     assert mm(4096, 1, 4096) == pytest.approx(1e9 * (4 * (4096 + 4096 + 4096**2) / 1e10 + 1e-6))  # bytes
     assert mm(4096, 16, 4096) > 100 * mm(16, 4096, 16)  # the two orders of the chain
+    assert mm(512, 16, 512) > 1.9 * (2 * 512 * 512 * 16 / 1e11) * 1e9  # a shallow product: half the peak
 
 
 class ConvAfterConv(torch.nn.Module):

@@ -39,6 +39,11 @@ from .lang import CTORS, SAME_SHAPE
 # runs at the FMA peak, an elementwise op or a reduction step reaches a fraction of it
 OP_FLOPS = 4.0
 LOAD_FLOPS = 0.5  # per element and operand read (not a constant) by an elementwise op or a norm
+# per output of a product, in multiply-adds: loading, storing and packing around its register
+# tile; a shallow product runs below the FMA peak (measured on AVX-512: 91 GFLOP/s at a depth of
+# 16, 125 at 32, 181 at 512), which decides Winograd (a depth of the input channels) against a
+# direct convolution (nine times as deep) for few channels
+ACCUMULATOR_FLOPS = 16.0
 TRANSCENDENTAL_FLOPS = 20.0
 FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one kernel, ops per element
 # Winograd's transforms (rewrites.winograd): one kernel each, terms summed per output element,
@@ -248,8 +253,9 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list, roof: Roofline =
         return roof.time(0.0, 2 * nbytes(out[0]))
     if ctor in ("Sum", "MaxReduce"):
         return roof.time(OP_FLOPS * numel(kids[0][0]), nbytes(kids[0][0], out[0]))
-    if ctor == "Matmul":  # 2 M K N per batch
-        return roof.time(2.0 * n * numel(kids[0][0][-1:]), nbytes(kids[0][0], kids[1][0], out[0]))
+    if ctor == "Matmul":  # 2 M K N per batch, and each output's accumulator kept (ACCUMULATOR_FLOPS)
+        depth = numel(kids[0][0][-1:])
+        return roof.time(2.0 * n * (depth + ACCUMULATOR_FLOPS), nbytes(kids[0][0], kids[1][0], out[0]))
     if ctor == "Attention":  # both products and the softmax in one kernel
         scores = numel(kids[3][0])
         flops = 2.0 * scores * (numel(kids[0][0][-1:]) + numel(kids[2][0][-1:]))
