@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import torch
 
 import eclat
 from eclat.compiler import pipeline
+from eclat.compiler.kernel import Load, loads
+from eclat.ir.symbolic import Num
 from tests.zoo import ZOO
 
 
@@ -305,3 +308,42 @@ def test_a_pool_padded_with_minus_infinity_reads_a_padded_copy():
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5, equal_nan=True)
     assert any(tuple(k.shape) == (12, 12, 12) for k in fast.executable.program.kernels)
+
+
+class Branches(torch.nn.Module):
+    """Two 1x1 convolutions concatenated, then read by a third (a squeezenet fire module's end)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(8, 16, 1), torch.nn.Conv2d(8, 16, 1)
+        self.c = torch.nn.Conv2d(32, 8, 1)
+
+    def forward(self, x):
+        return self.c(torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], 1))
+
+
+def test_a_concatenation_is_written_in_place_by_the_writers_of_its_parts():
+    """The kernel that only copies two buffers into their concatenation runs no loop: the kernels
+    writing the parts write them where they lie in it (memplan.elided_concatenations). A part that
+    another kernel also reads keeps its own buffer, and the copy."""
+    from eclat.backends.cpu.runtime import layout
+    from eclat.compiler.kernel import Op
+    from eclat.compiler.memplan import elided_concatenations
+
+    torch.manual_seed(0)
+    model, x = Branches().eval(), torch.randn(1, 8, 12, 12)
+    compiled = eclat.compile(model, (x,), autotune="none", k=1, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    program = compiled.executable.program
+    code, plan = layout(program)
+    (elided,) = [k for k in code.kernels if 0 in k.shape]
+    parts = sorted({x.buffer for x in loads(elided.body)}, key=plan.offsets.get)
+    start = plan.offsets[elided.out]
+    assert [plan.offsets[p] - start for p in parts] == [0, 16 * 144 * 4]
+    # the last kernel also reading the first part: the concatenation is copied
+    last = program.kernels[-1]
+    more = replace(last, body=Op("add", (last.body, Load(parts[0], Num(0), Num(1), last.body.dtype)),
+                                  last.body.dtype))
+    kept, aliases = elided_concatenations(replace(program, kernels=[*program.kernels[:-1], more]))
+    assert not aliases and all(0 not in k.shape for k in kept.kernels)

@@ -3,14 +3,20 @@
 A temporary lives from the kernel that writes it to the last kernel that reads it
 (inclusive at both ends, so a kernel never writes over its own inputs). Placement is
 greedy first-fit, largest buffers first, each offset aligned to 64 bytes. Views never
-copy, so they never appear here: only buffers do.
+copy, so they never appear here: only buffers do. A buffer may lie inside another (`aliases`:
+the parts of a concatenation its writers write in place, `elided_concatenations`): it is not
+placed, and the buffer holding it lives from the first write of any of its parts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
 
-from .kernel import Program, loads
+from ..ir.symbolic import evaluate, variables
+from ..ir.view import contiguous_strides
+from .kernel import Kernel, Load, Op, Program, loads
 
 ALIGN = 64
 
@@ -22,12 +28,14 @@ class MemoryPlan:
     naive_bytes: int  # what one buffer per temporary would need
 
 
-def plan_memory(program: Program) -> MemoryPlan:
+def plan_memory(program: Program, aliases: dict[str, tuple[str, int]] | None = None) -> MemoryPlan:
+    """aliases: buffer -> (the buffer it lies in, byte offset there)."""
+    aliases = aliases or {}
     live: dict[str, list[int]] = {}
     for t, k in enumerate(program.kernels):
         for name in {x.buffer for x in loads(k.body)} | {k.out} | {s.out for s in k.sides}:
             if program.buffers[name].role == "temp":
-                span = live.setdefault(name, [t, t])
+                span = live.setdefault(aliases.get(name, (name,))[0], [t, t])
                 span[0], span[1] = min(span[0], t), max(span[1], t)
     placed: list[tuple[int, int, int, int]] = []  # (start, end, offset, size)
     offsets: dict[str, int] = {}
@@ -39,9 +47,74 @@ def plan_memory(program: Program) -> MemoryPlan:
                      if all(c + size <= o or o + z <= c for o, z in conflicts))
         placed.append((start, end, offset, size))
         offsets[name] = offset
+    offsets.update({name: offsets[into] + at for name, (into, at) in aliases.items() if into in offsets})
     arena = max((o + z for _, _, o, z in placed), default=0)
     naive = sum(_align(max(program.buffers[n].nbytes, 1)) for n in live)
     return MemoryPlan(offsets, arena, naive)
+
+
+def elided_concatenations(program: Program) -> tuple[Program, dict[str, tuple[str, int]]]:
+    """program with each kernel that only concatenates buffers along its first axis emptied, and
+    where each of those buffers lies in the concatenation's (name -> (buffer, byte offset)): their
+    writers write the concatenation in place (squeezenet's fire modules: a copy of 128 x 3025
+    values each, 90 us). A part must be a temporary that one kernel writes and only the
+    concatenation reads."""
+    writers = Counter([k.out for k in program.kernels] + [s.out for k in program.kernels for s in k.sides])
+    readers: dict[str, set[int]] = {}
+    for j, k in enumerate(program.kernels):
+        for x in loads(k.body):
+            readers.setdefault(x.buffer, set()).add(j)
+    kernels, aliases = list(program.kernels), {}
+    for j, k in enumerate(kernels):
+        parts = _concatenated_parts(k, program.buffers) if program.buffers[k.out].role == "temp" else None
+        if not parts or k.out in aliases:
+            continue
+        if any(program.buffers[b].role != "temp" or writers[b] != 1 or readers.get(b) != {j} or b in aliases
+               for _, b in parts):
+            continue
+        size = program.buffers[k.out].dtype.itemsize
+        aliases.update({b: (k.out, start * size) for start, b in parts})
+        kernels[j] = replace(k, shape=(0,) + tuple(k.shape[1:]))
+    return replace(program, kernels=kernels), aliases
+
+
+def _concatenated_parts(k: Kernel, buffers: dict) -> list[tuple[int, str]] | None:
+    """(first flat element, buffer) of each part when k's body is a sum of loads, each reading a
+    whole buffer of its dtype as a run of k's rows (its first axis), the runs covering every row."""
+    shape = k.shape
+    if not shape or any(not isinstance(n, int) for n in shape) or k.sides:
+        return None
+    terms, stack = [], [k.body]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Op) and x.op == "add":
+            stack.extend(x.srcs)
+        elif isinstance(x, Load) and x.dtype is k.body.dtype:
+            terms.append(x)
+        else:
+            return None
+    inner = math.prod(shape[1:])
+    names = [f"i{d}" for d in range(len(shape))]
+    flat = lambda at: sum(a * s for a, s in zip(at, contiguous_strides(shape)))  # noqa: E731
+    parts, covered = [], 0
+    for t in sorted(terms, key=lambda t: -evaluate(t.index, dict.fromkeys(names, 0))):
+        b = buffers[t.buffer]
+        if b.dtype is not k.body.dtype or b.numel % inner or variables(t.valid) - {names[0]} \
+                or variables(t.index) - set(names):
+            return None
+        first, rows = covered, b.numel // inner
+        probes = [[first] + [0] * (len(shape) - 1), [first + rows - 1, *(n - 1 for n in shape[1:])]]
+        probes += [[first + (d == 0)] + [int(e == d) for e in range(1, len(shape))]
+                   for d in range(len(shape))]
+        if any(evaluate(t.index, dict(zip(names, at))) != flat(at) - first * inner for at in probes):
+            return None
+        inside = lambda r, valid=t.valid: bool(evaluate(valid, {names[0]: r}))  # noqa: E731
+        if not (inside(first) and inside(first + rows - 1)) or (first and inside(first - 1)) \
+                or (first + rows < shape[0] and inside(first + rows)):
+            return None
+        parts.append((first * inner, t.buffer))
+        covered += rows
+    return parts if covered == shape[0] and len(parts) > 1 else None
 
 
 def _align(n: int) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ...compiler.kernel import Program, Schedule, loads
-from ...compiler.memplan import MemoryPlan, plan_memory
+from ...compiler.memplan import MemoryPlan, elided_concatenations, plan_memory
 from ...ir.symbolic import bind_sizes, evaluate
 from ..derived import content, derived
 from .codegen import build_module, packed_copies
@@ -40,9 +40,10 @@ def _owned(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def layout(program: Program) -> tuple[Program, MemoryPlan]:
     """What runs and its memory plan: program with its row sums folded into their writers (the side
-    buffers join program's buffers). An artifact's loader derives the same from the stored program."""
-    code = fold_row_reductions(program)
-    return code, plan_memory(code)
+    buffers join program's buffers), and its concatenations written in place by the kernels that
+    write their parts. An artifact's loader derives the same from the stored program."""
+    code, aliases = elided_concatenations(fold_row_reductions(program))
+    return code, plan_memory(code, aliases)
 
 
 class NativeRun:
