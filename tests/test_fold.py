@@ -309,3 +309,35 @@ def test_a_lora_adapter_runs_as_one_gemm(bias):
     assert len(kernels) == 1 and 2 * 16 * d * d <= kernels[0].flops < 2 * 16 * d * d + 4 * 16 * d
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("product", [_linear, lambda x, w: matmul(x, _t(w))])
+def test_a_uniform_weight_a_product_reads_is_stored_whole(product):
+    """w * scale with a scale of zeros (timm's zero-initialised last BatchNorm, folded into the
+    convolution before it) is one number; folded to a constant the product was no contraction and
+    ran as loops over a broadcast (gernet_s: a third of its time). A product's operand is stored
+    whole (it costs no more than w); a uniform value nothing multiplies stays a constant."""
+    arrays, w = _weights(np.random.default_rng(0), w=(6, 5))
+    np.abs(arrays["w"], out=arrays["w"])  # no -0.0 in w * 0: one number, bit for bit
+    arrays["zeros"] = np.zeros((6, 1), np.float32)
+    zeros = g.weight("zeros", arrays["zeros"], F32)
+    x = g.input_("x", (3, 5))
+    scaled = g.binary("mul", w["w"], g.expand_to(zeros, (6, 5)))
+    shift = g.reduce("sum", g.binary("mul", zeros, zeros), 1)  # weight-only, uniform, no product reads it
+    graph = Graph([x], [product(x, scaled), shift], arrays)
+    folded = fold_weights(graph)
+    xs = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
+    for got, want in zip(run(folded, [xs]), run(graph, [xs])):
+        np.testing.assert_array_equal(got, want)
+    stored = [n for n in folded.nodes() if n.op == "weight" and n.arg not in ("w", "zeros")]
+    assert [sorted(n.shape) for n in stored] == [[5, 6]]  # the product's operand, whole
+    assert folded.outputs[1].op != "weight" and not any(n.op == "weight" for n in _reach(folded.outputs[1]))
+
+
+def _reach(n: Node) -> list[Node]:
+    out, stack = [], [n]
+    while stack:
+        m = stack.pop()
+        out.append(m)
+        stack.extend(m.srcs)
+    return out
