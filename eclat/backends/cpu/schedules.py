@@ -37,7 +37,10 @@ HEIGHT_GAIN = 1.05  # how much more of its rows a lower register block must use 
 # right one, transposed, when the reduction is deep enough to hide the transposed block's stores
 # (a scalar each, across the output's rows) and the pixels are few enough that the activation,
 # then broadcast from memory, is read well. Measured on znver4 (one process, 11 shapes): 1.07-1.24x
-# at 49-784 pixels and depth 576-4608; 0.5-0.8x at 3136 pixels or depth below 200.
+# at 49-784 pixels and depth 576-4608; 0.5-0.8x at 3136 pixels or depth below 200. Transposed, every
+# panel of the weight reads the whole activation again: on an AVX-512 Xeon (2 MiB L2) that pays
+# only where it stays within PANEL_L2_SHARE of L2 (576 x 196: level; 2304 x 196 0.79x, 1152 x 784
+# 0.75x, 768 x 784 0.65x, 768 x 1024 0.44x: a 4 KiB stride).
 WEIGHT_RIGHT_DEPTH = 512
 WEIGHT_RIGHT_COLUMNS = 1024
 # A reduction whose K x NR panel of the right operand is more than PANEL_L2_SHARE of the L2 cache runs
@@ -102,15 +105,20 @@ def _tile_for(rows: int, lanes: int, registers: int) -> tuple[int, int]:
     return (best if used(best) > HEIGHT_GAIN * used(mr) else mr), nr
 
 
-def _weight_right_pays(kernel: Kernel, weights: Collection[str], columns: int) -> bool:
-    """Whether the contraction reads a weight on the left (and not on the right) deeply enough and
-    over few enough columns that packing it on the right, transposed, pays (WEIGHT_RIGHT_*)."""
+def _weight_right_pays(kernel: Kernel, weights: Collection[str], size: tuple[int, int], panel: int,
+                       l2: int) -> bool:
+    """Whether the contraction (rows, columns: size) reads a weight on the left (and not on the
+    right) deeply enough and over few enough columns that packing it on the right, transposed, in
+    panels of `panel` columns pays (WEIGHT_RIGHT_*): the other operand, read again by every panel
+    after the first, within PANEL_L2_SHARE of the L2 cache's l2 bytes."""
     c = as_contraction(kernel)
 
     def weight(e: KExpr) -> bool:
         return isinstance(e, Load) and e.buffer in weights
-    return c is not None and weight(c.a) and not weight(c.b) and \
-        upper(c.reduce.size) >= WEIGHT_RIGHT_DEPTH and columns <= WEIGHT_RIGHT_COLUMNS
+    depth = upper(c.reduce.size) if c is not None else 0
+    return c is not None and weight(c.a) and not weight(c.b) and depth >= WEIGHT_RIGHT_DEPTH \
+        and size[1] <= WEIGHT_RIGHT_COLUMNS \
+        and (size[0] <= panel or 4 * depth * size[1] <= PANEL_L2_SHARE * l2)
 
 
 def filled(rows: int, cols: int, tile: tuple[int, int], lanes: int) -> float:
@@ -155,7 +163,9 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     if flip is not None:
         turned = Schedule(tile=_tile_for(flip[0], lanes, registers), threads=threads, transposed=True)
         gain = filled(*flip, turned.tile, lanes) / filled(*plain, best.tile, lanes)
-        if gain > TRANSPOSE_GAIN or gain >= 1 and _weight_right_pays(kernel, weights, plain[1]):
+        l2 = host.cache_bytes(2) if caches is None else caches[1]
+        pays = _weight_right_pays(kernel, weights, plain, turned.tile[1], l2)
+        if gain > TRANSPOSE_GAIN or gain >= 1 and pays:
             best = turned
     return chunked(kernel, best, caches)
 
