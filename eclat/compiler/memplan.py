@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from ..ir.symbolic import evaluate, variables
 from ..ir.view import contiguous_strides
-from .kernel import Kernel, Load, Op, Program, loads
+from .kernel import Kernel, Load, Op, Program, axis_vars, loads
 
 ALIGN = 64
 
@@ -94,7 +94,7 @@ def _concatenated_parts(k: Kernel, buffers: dict) -> list[tuple[int, str]] | Non
         else:
             return None
     inner = math.prod(shape[1:])
-    names = [f"i{d}" for d in range(len(shape))]
+    names = [v.name for v in axis_vars(shape)]
     flat = lambda at: sum(a * s for a, s in zip(at, contiguous_strides(shape)))  # noqa: E731
     parts, covered = [], 0
     for t in sorted(terms, key=lambda t: -evaluate(t.index, dict.fromkeys(names, 0))):
