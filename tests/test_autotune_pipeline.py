@@ -228,3 +228,54 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
     seconds, exe, program, stats = pipeline._pick([None] * 4, None, None, "full", 1, [], lambda n: None, True)
     assert (stats.chosen, seconds, stats.timed) == (1, 8.0, 4)
     assert calls[:4] == ["p0", "p1", "p2", "p3"] and calls[4:7] == ["p0", "p1", "p2"]
+
+
+def test_a_search_keeps_the_packed_weights_another_program_holds(tmp_path, monkeypatch):
+    """A one-row product tuned beside a program that holds its weight packed keeps that packing
+    unless another is clearly faster (compiler.tune.NEW_COPY_PENALTY): timed alone, a fresh copy (in
+    cache) beat the held one, where a decode beside its prefill ran level at either (GPT-2)."""
+    from eclat.backends import derived
+    from eclat.backends.cpu.trials import Trials
+    from eclat.compiler import tune
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(768, 1024, bias=False).eval()  # 3 MB of weight
+    rows = eclat.compile(linear, (torch.randn(64, 768),), autotune="none", cache_dir=tmp_path / "rows")
+    width = {k.schedule.tile[1] for k in rows.executable.program.kernels if k.schedule.tile}
+    real = Trials.__call__
+
+    def fresh_copies_faster(self, kernel, schedule):
+        real(self, kernel, schedule)
+        return lambda: 1.3 if schedule.tile and schedule.tile[1] in width else 1.0
+    monkeypatch.setattr(Trials, "__call__", fresh_copies_faster)
+    held = derived.held()
+    x = torch.randn(1, 768)
+    one = eclat.compile(linear, (x,), autotune="fast", cache_dir=tmp_path / "one")
+    new = [k for k in derived.held() - held
+           if k[3][0] == "panels" and derived.nbytes(k) >= tune.NEW_COPY_BYTES]
+    widths = {k.schedule.tile[1] for k in one.executable.program.kernels if k.schedule.tile}
+    assert not new and widths == width
+    torch.testing.assert_close(one(x), linear(x), rtol=1e-4, atol=1e-4)
+    assert rows(torch.randn(64, 768)).shape == (64, 1024)  # still held
+
+
+def test_a_schedule_that_copies_a_large_weight_is_timed_and_let_go(tmp_path, monkeypatch):
+    """Candidates whose builds pack RELEASE_BYTES anew are timed at once and dropped, so a kernel's
+    search holds one new copy of a large weight at a time, not one per panel width."""
+    from eclat.backends import derived
+    from eclat.backends.cpu.trials import Trials
+    from eclat.compiler import tune
+
+    monkeypatch.setattr(tune, "RELEASE_BYTES", 1 << 20)  # the 3 MB weight below counts as large
+    real, alive = Trials.__call__, []
+
+    def counted(self, kernel, schedule):
+        timer = real(self, kernel, schedule)
+        alive.append(sum(k[3][0] == "panels" and derived.nbytes(k) >= 1 << 20 for k in derived.held()))
+        return timer
+    monkeypatch.setattr(Trials, "__call__", counted)
+    linear = torch.nn.Linear(768, 1024, bias=False).eval()
+    x = torch.randn(1, 768)
+    one = eclat.compile(linear, (x,), autotune="fast", cache_dir=tmp_path)
+    assert len(alive) >= 3 and max(alive) <= 2  # the untuned program's copy and the candidate's own
+    torch.testing.assert_close(one(x), linear(x), rtol=1e-4, atol=1e-4)

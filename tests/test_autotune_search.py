@@ -235,3 +235,14 @@ def test_schedules_are_timed_in_turns_so_a_fast_spell_favours_none():
     kernel.schedule = "default"
     assert tune_module.tune(program, target(["broken", "crashes"]), None, None, "full", 1, []) == {"tuned": 0}
     assert kernel.schedule == "default"
+
+
+def test_a_penalty_weighs_a_candidate_only_against_its_peers():
+    """penalty_fn multiplies a timed candidate's time when choosing: 90 us that costs twice loses to
+    100 us that costs nothing; a penalty all candidates pay changes nothing."""
+    got = search(cands([1, 1], [100.0, 90.0]), time_fn=Bench().time, mode="full", quiet=True,
+                 penalty_fn=lambda c: 2.0 if c.schedule["i"] == 1 else 1.0)
+    assert got.winner.schedule == {"i": 0} and got.measured_us == 100.0
+    got = search(cands([1, 1], [100.0, 90.0]), time_fn=Bench().time, mode="full", quiet=True,
+                 penalty_fn=lambda c: 2.0)
+    assert got.winner.schedule == {"i": 1}

@@ -92,7 +92,7 @@ def kernels():
 
 def test_eight_lanes_keep_the_avx2_tiles(kernels):
     gemm = [(6, 16), (4, 16), (8, 8), (4, 24), (3, 32), (2, 32), (6, 8), (12, 8)]
-    gemv = [(1, 16), (1, 32), (1, 64)]
+    gemv = [(1, 16), (1, 32), (1, 64), (1, 8), (1, 24)]  # its own widths, then the GEMM tiles' others
     assert gemm_tiles(8, 16) == gemm and gemv_tiles(8, 16) == gemv
     big, small = kernels[64], kernels[1]
     assert default_schedule(big, lanes=8, registers=16) == Schedule(tile=(6, 16))
@@ -101,7 +101,7 @@ def test_eight_lanes_keep_the_avx2_tiles(kernels):
     # the tiles in both orientations: the product's 64 rows can be its vectors' lanes too
     assert [s.tile for s in space if not s.transposed] == gemm
     assert {s.tile for s in space if s.transposed} <= set(gemm + gemv)
-    assert [s.tile for s in schedule_space(small, lanes=8, registers=16)] == [(1, 16), (1, 32), (1, 64)]
+    assert [s.tile for s in schedule_space(small, lanes=8, registers=16)] == gemv
     two = schedule_space(big, threads=2, lanes=8, registers=16)
     assert two[0] == Schedule(tile=(6, 16), threads=2) and len(two) == 2 * len(space)
 
@@ -110,7 +110,9 @@ def test_eight_lanes_keep_the_avx2_tiles(kernels):
 def test_tiles_are_whole_vectors_that_fit_the_registers(kernels, lanes, registers):
     for tile in gemm_tiles(lanes, registers) + gemv_tiles(lanes, registers):
         assert tile[1] % lanes == 0 and fits(tile, lanes, registers)
-    assert len(gemm_tiles(lanes, registers)) == 8 and len(gemv_tiles(lanes, registers)) == 3
+    gemm, gemv = gemm_tiles(lanes, registers), gemv_tiles(lanes, registers)
+    # every width a product of many rows may pack is one a one-row product of the weight may read
+    assert len(gemm) == 8 and {nr for _, nr in gemm} <= {nr for _, nr in gemv} and len(set(gemv)) == len(gemv)
     base = default_schedule(kernels[64], lanes=lanes, registers=registers)
     assert base.tile == gemm_tiles(lanes, registers)[0]
     assert default_schedule(kernels[1], lanes=lanes, registers=registers).tile == (1, 2 * lanes)

@@ -116,12 +116,14 @@ CheckFn = Callable[[Candidate], "bool | None"]
 def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckFn | None = None,
            mode: str = "fast", db: TuningDB | None = None, key: TuningKey | None = None,
            margin: float | None = None, limit: int | None = None, rounds: int = 1,
-           quiet: bool | None = None, desc: str = "tuning") -> SearchResult:
+           quiet: bool | None = None, desc: str = "tuning",
+           penalty_fn: Callable[[Candidate], float] | None = None) -> SearchResult:
     """Choose the fastest verified candidate (see the module docstring for the modes and rounds).
 
     time_fn returns a Timing (its median is used) or microseconds; check_fn returns False or
-    raises for a wrong result. margin and limit override the mode's defaults. Raises
-    TuningError when every timed candidate failed.
+    raises for a wrong result. margin and limit override the mode's defaults. penalty_fn: a factor
+    (at least 1) on a timed candidate's time when choosing, for what it costs besides time (asked
+    after its timing). Raises TuningError when every timed candidate failed.
     """
     if mode not in MODES:
         raise ValueError(f"unknown tuning mode {mode!r}: expected one of {', '.join(MODES)}")
@@ -197,7 +199,8 @@ def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckF
             else:
                 times[i].append(us)
     median = {i: statistics.median(ts) for i, ts in times.items()}
-    winner = next((i for i in sorted(median, key=median.get) if accepted(ordered[i])), None)
+    weighed = {i: us * (penalty_fn(ordered[i]) if penalty_fn else 1.0) for i, us in median.items()}
+    winner = next((i for i in sorted(weighed, key=weighed.get) if accepted(ordered[i])), None)
     stats.failures = len(failures)
     if winner is None:
         shown = "; ".join(f"{f.schedule}: {f.stage} failed: {f.reason}" for f in failures[:5])

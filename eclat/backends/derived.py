@@ -4,25 +4,31 @@ model (a language model's prefill and decode) share them, and packing a large we
 model's output head) costs seconds. They are found by the weight's content, so that two programs'
 own copies of one weight (a transposed layout each made) share one packed form. The cache holds
 them weakly: the forms a search tried and discarded (a panel width it did not choose) go with the
-last executable that read them, rather than staying for the whole compile."""
+last executable that read them, rather than staying for the whole compile. A compile can ask which
+forms a build asked for (`asked_for`) and which were held before it began (`held`): a schedule that
+packs a weight anew where another program holds it packed already costs memory (compiler.tune)."""
 
 from __future__ import annotations
 
 import hashlib
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 _DERIVED: dict[tuple, tuple[type, list[weakref.ref]]] = {}
 _DIGESTS: dict[tuple, str] = {}  # (the array a view views, the view) -> its content's digest
+_ASKED: list[set[tuple]] = []  # the keys asked for inside each open `asked_for` block
 
 
 def derived(data: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
     """make() (an array, or a list or tuple of arrays), computed once per (data's values, key)
     while its result is held elsewhere."""
     full = (content(data), data.shape, data.dtype.str, key)
+    for keys in _ASKED:
+        keys.add(full)
     held = _DERIVED.get(full)
     value = _alive(held)
     if value is _GONE:
@@ -32,6 +38,29 @@ def derived(data: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
         if parts:  # forgotten with the result
             weakref.finalize(parts[0], lambda: _DERIVED.get(full) is entry and _DERIVED.pop(full))
     return value
+
+
+@contextmanager
+def asked_for() -> Iterator[set[tuple]]:
+    """The keys of the derived forms asked for inside the block (made or found)."""
+    keys: set[tuple] = set()
+    _ASKED.append(keys)
+    try:
+        yield keys
+    finally:
+        _ASKED.remove(keys)
+
+
+def held() -> frozenset[tuple]:
+    """The keys of the derived forms something holds now."""
+    return frozenset(k for k, entry in list(_DERIVED.items()) if _alive(entry) is not _GONE)
+
+
+def nbytes(key: tuple) -> int:
+    """The bytes of the form under key while it is held, else 0."""
+    value = _alive(_DERIVED.get(key))
+    parts = [] if value is _GONE or value is None else [value] if isinstance(value, np.ndarray) else value
+    return sum(a.nbytes for a in parts)
 
 
 def content(data: np.ndarray) -> str:
@@ -67,4 +96,4 @@ def _alive(held: tuple[type, list[weakref.ref]] | None) -> Any:
     return None if kind is type(None) else parts[0] if kind is np.ndarray else kind(parts)
 
 
-__all__ = ["content", "derived"]
+__all__ = ["asked_for", "content", "derived", "held", "nbytes"]

@@ -38,7 +38,7 @@ from ..autotune.measure import measure
 from ..autotune.progress import progress
 from ..autotune.roofline import estimate_us
 from ..autotune.search import Candidate, TuningError, search
-from ..backends import get_target
+from ..backends import derived, get_target
 from ..errors import EclatError
 from ..ir.graph import Graph
 from ..ir.interpreter import run as interpret
@@ -126,6 +126,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     a call's inputs nest (specs.input_structure; default flat); weights, max_error: as for
     compile_model."""
     start = time.perf_counter() if start is None else start
+    held = derived.held()  # packed weights another program holds: tuning reuses them (compiler.tune)
     backend = get_target(target)
     if not backend.runtime_sizes and any(var_list(d) for n in graph.inputs for d in dims(n.shape)):
         raise EclatError(f"dynamic_shapes: the {target} target compiles fixed sizes only; compile for "
@@ -169,7 +170,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
             tuned = False
             if tdb is not None:
                 exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, arrays,
-                                    reference(stats.chosen), exe, bars)
+                                    reference(stats.chosen), exe, bars, held)
                 tdb.put(chosen_key, {"candidate": stats.chosen, "fused": stats.fused, "tuned": tuned},
                         seconds * 1e6)
         for line in stats.failed if not quiet else ():
@@ -436,14 +437,14 @@ def _build_remembered(program: Program, target: Any, device: Any, mode: str, thr
 
 def _tuned(program: Program, target: Any, device: Any, mode: str, threads: int, db: Any,
            arrays: list[np.ndarray], reference: list[np.ndarray] | None, untuned: Any,
-           bars: bool | None) -> tuple[Any, bool]:
+           bars: bool | None, held: frozenset = frozenset()) -> tuple[Any, bool]:
     """Tune the chosen program's schedules: (executable, whether it runs the tuned ones). The untuned
     build is kept when tuning fails, or when it runs the whole program faster: kernels tuned one at
     a time do not see what they cost each other (data moving between cores, caches they evict)."""
     defaults = [k.schedule for k in program.kernels]
     try:
         with phase("tuning"):
-            tuning.tune(program, target, device, db, mode, threads, arrays, quiet=bars)
+            tuning.tune(program, target, device, db, mode, threads, arrays, quiet=bars, held=held)
         if untuned is not None and [k.schedule for k in program.kernels] == defaults:
             return untuned, True  # the defaults won every kernel: nothing else to build
         tuned = verified_build(program, target, threads, arrays, reference)

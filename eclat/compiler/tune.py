@@ -22,6 +22,18 @@ from .kernel import Kernel, Program, loads
 
 FAST_SCHEDULES = 6  # schedules timed at most per kernel in "fast" mode, the default first
 ROUNDS = 3  # turns at timing each candidate, at both levels (kernels and programs)
+# A schedule that derives at least NEW_COPY_BYTES of a weight's packed forms that nothing held when
+# the compile began (another program of one model holds its own: a language model's prefill for its
+# decode) must be this much faster to be chosen. GPT-2's decode ran level whichever panel widths its
+# one-row products took (33.1 tok/s at the prefill's widths, 33.4 at its own; an AVX-512 Xeon), but
+# timed alone a fresh copy (just written, in cache) beat the prefill's (cold) by over 15%, and its
+# own widths held a second copy of most of the weights (0.6 GB).
+NEW_COPY_PENALTY = 2.0
+NEW_COPY_BYTES = 1 << 20
+# A schedule whose build derived at least this many bytes anew is timed its ROUNDS at once and its
+# build let go, rather than kept for rounds in turns: a kernel's candidates held one copy each of a
+# large weight (GPT-2's output head: 154 MB at each of five panel widths, the compile's peak).
+RELEASE_BYTES = 32 << 20
 
 
 def kernel_key(kernel: Kernel, program: Program) -> str:
@@ -47,10 +59,13 @@ def tuning_key(what: str, shapes: Any, dtype: Any, target: str, device: Any) -> 
 
 
 def tune(program: Program, target: Any, device: Any, db: Any, mode: str, threads: int,
-         inputs: list[np.ndarray], quiet: bool | None = True) -> dict[str, int]:
+         inputs: list[np.ndarray], quiet: bool | None = True, held: frozenset = frozenset()
+         ) -> dict[str, int]:
     """Set each kernel's schedule from the database or by the search; returns counts.
-    quiet: no progress bar (None: a bar on a terminal)."""
+    quiet: no progress bar (None: a bar on a terminal); held: the keys of the derived forms
+    (backends.derived) held when the compile began, which a schedule reuses at no cost."""
     from ..autotune.search import Candidate, TuningError, search
+    from ..backends.derived import asked_for, nbytes
 
     trials = None  # built on first need: a GPU builds every kernel's schedules at once
     tuned = 0
@@ -63,18 +78,30 @@ def tune(program: Program, target: Any, device: Any, db: Any, mode: str, threads
         key = tuning_key(kernel_key(kernel, program), kernel.shape, kernel.body.dtype, target.name, device) \
             if db is not None and device is not None else None
         timers: dict[int, Any] = {}
+        new_bytes: dict[int, int] = {}  # id(candidate) -> bytes of the forms its build derived anew
 
-        def time_fn(c: Candidate, kernel: Kernel = kernel, timers: dict = timers) -> float:
+        def time_fn(c: Candidate, kernel: Kernel = kernel, timers: dict = timers,
+                    new_bytes: dict = new_bytes) -> float:
             nonlocal trials
             if id(c) not in timers:  # built once, timed in every round
                 trials = trials or target.schedule_trials(program, threads, inputs)
-                timers[id(c)] = trials(kernel, c.payload)
+                with asked_for() as keys:
+                    timer = trials(kernel, c.payload)
+                new_bytes[id(c)] = sum(nbytes(k) for k in keys - held)
+                if new_bytes[id(c)] >= RELEASE_BYTES:
+                    us = sorted(timer() for _ in range(ROUNDS))[ROUNDS // 2]
+                    timer = lambda us=us: us  # noqa: E731 - the build and its copies go
+                timers[id(c)] = timer
             return timers[id(c)]()
+
+        def penalty(c: Candidate, new_bytes: dict = new_bytes) -> float:
+            return NEW_COPY_PENALTY if new_bytes.get(id(c), 0) >= NEW_COPY_BYTES else 1.0
 
         cands = [Candidate(target.schedule_json(s), 0.0, s) for s in space]
         try:
             found = search(cands, time_fn=time_fn, mode=mode, db=db, key=key, rounds=ROUNDS, quiet=True,
-                           limit=FAST_SCHEDULES if mode == "fast" else None, desc=kernel.name)
+                           limit=FAST_SCHEDULES if mode == "fast" else None, desc=kernel.name,
+                           penalty_fn=penalty)
         except TuningError:  # no schedule ran: the default stays
             continue
         kernel.schedule = found.winner.payload

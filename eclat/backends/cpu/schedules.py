@@ -75,9 +75,13 @@ def gemm_tiles(lanes: int | None = None, registers: int | None = None) -> list[t
 
 
 def gemv_tiles(lanes: int | None = None, registers: int | None = None) -> list[tuple[int, int]]:
-    """The register blocks (1, NR) of a matrix-vector product."""
+    """The register blocks (1, NR) of a matrix-vector product: its own widths, then those of the
+    matrix-matrix tiles, so that a one-row product can read the panels that a product of many rows
+    packed of the same weight (a decode beside its prefill: compiler.tune's NEW_COPY_PENALTY)."""
     lanes, registers = _defaults(lanes, registers)
-    return [t for t in ((mr, v * lanes) for mr, v in GEMV_VECTOR_TILES) if fits(t, lanes, registers)]
+    own = [t for t in ((mr, v * lanes) for mr, v in GEMV_VECTOR_TILES) if fits(t, lanes, registers)]
+    widths = dict.fromkeys([nr for _, nr in own] + [nr for _, nr in gemm_tiles(lanes, registers)])
+    return [(1, nr) for nr in widths]
 
 
 def _sizes(kernel: Kernel, flip: bool = False) -> tuple[int, int] | None:
