@@ -234,9 +234,8 @@ def test_a_search_keeps_the_packed_weights_another_program_holds(tmp_path, monke
     """A one-row product tuned beside a program that holds its weight packed keeps that packing
     unless another is clearly faster (compiler.tune.NEW_COPY_PENALTY): timed alone, a fresh copy (in
     cache) beat the held one, where a decode beside its prefill ran level at either (GPT-2)."""
-    from eclat.backends import derived
     from eclat.backends.cpu.trials import Trials
-    from eclat.compiler import tune
+    from eclat.compiler import derived, tune
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(768, 1024, bias=False).eval()  # 3 MB of weight
@@ -262,9 +261,8 @@ def test_a_search_keeps_the_packed_weights_another_program_holds(tmp_path, monke
 def test_a_schedule_that_copies_a_large_weight_is_timed_and_let_go(tmp_path, monkeypatch):
     """Candidates whose builds pack RELEASE_BYTES anew are timed at once and dropped, so a kernel's
     search holds one new copy of a large weight at a time, not one per panel width."""
-    from eclat.backends import derived
     from eclat.backends.cpu.trials import Trials
-    from eclat.compiler import tune
+    from eclat.compiler import derived, tune
 
     monkeypatch.setattr(tune, "RELEASE_BYTES", 1 << 20)  # the 3 MB weight below counts as large
     real, alive = Trials.__call__, []

@@ -163,7 +163,7 @@ def test_cuda_backend_without_a_device() -> None:
 
 def test_packed_weights_are_packed_once_per_weight() -> None:
     """Every GPU build of a quantized compile (each candidate, the schedule variants) packs its
-    weights: the packed arrays are remembered while the weight lives (backends.derived)."""
+    weights: the packed arrays are remembered while the weight lives (compiler.derived)."""
     from eclat.backends.gpu.packing import PARTS, pack_weights
 
     graph, _ = CASES["packed"]()

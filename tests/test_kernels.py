@@ -800,8 +800,8 @@ def test_packed_forms_are_shared_by_content_and_freed_with_their_last_reader():
     form; a form no executable holds any more (a tile a search discarded) is not kept."""
     import gc
 
-    from eclat.backends import derived as cache
     from eclat.backends.cpu.contraction import packed_panels
+    from eclat.compiler import derived as cache
     from eclat.ir.symbolic import Var
 
     n, k = Var("n"), Var("k")

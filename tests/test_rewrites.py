@@ -227,15 +227,18 @@ def test_repeated_layers_are_optimised_once():
 
 
 def test_a_reused_egraph_gives_what_a_fresh_one_gives(monkeypatch):
-    """optimize saturates each block in the thread's one e-graph that declares the rules (schedule.
-    declared: pushed, then popped): what it extracts is what fresh e-graphs give, whatever was
-    optimised in it before, and it is left empty."""
+    """optimize saturates each block in one e-graph that declares the rules (schedule.declared:
+    pushed, then popped), kept while a `keeping` block is open: what it extracts is what fresh
+    e-graphs give, whatever was optimised in it before; it is left empty, and dropped at the end
+    (it holds the memory of its largest saturation)."""
     from eclat.rewrites import schedule
 
     first, second = llama(layers=1), llama(layers=2, d=32, heads=2, ffn=48)
-    reused = [optimize(first, "cpu", k=4, time_limit=60), optimize(second, "cpu", k=4, time_limit=60)]
-    kept = schedule._declared.egraphs.values()
+    with schedule.keeping():
+        reused = [optimize(first, "cpu", k=4, time_limit=60), optimize(second, "cpu", k=4, time_limit=60)]
+        kept = list(schedule._declared.egraphs.values())
     assert kept and all(Saturation(egraph, math.inf, 10**6).enodes() == 0 for egraph in kept)
+    assert schedule._declared.egraphs is None  # nothing kept past the block, nor past an optimize
     monkeypatch.setattr(rewrites, "declared", lambda rulesets: contextlib.nullcontext())
     fresh = [optimize(first, "cpu", k=4, time_limit=60), optimize(second, "cpu", k=4, time_limit=60)]
     for a, b in zip(reused, fresh):

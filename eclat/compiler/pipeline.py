@@ -38,12 +38,12 @@ from ..autotune.measure import measure
 from ..autotune.progress import progress
 from ..autotune.roofline import estimate_us
 from ..autotune.search import Candidate, TuningError, search
-from ..backends import derived, get_target
+from ..backends import get_target
 from ..errors import EclatError
 from ..ir.graph import Graph
 from ..ir.interpreter import run as interpret
 from ..ir.symbolic import bind_sizes, dims, evaluate, var_list
-from . import program_cache
+from . import derived, program_cache
 from . import tune as tuning
 from .group import copies_windows, group
 from .kernel import Program, at_sizes, bytes_moved, flops

@@ -63,9 +63,9 @@ def tune(program: Program, target: Any, device: Any, db: Any, mode: str, threads
          ) -> dict[str, int]:
     """Set each kernel's schedule from the database or by the search; returns counts.
     quiet: no progress bar (None: a bar on a terminal); held: the keys of the derived forms
-    (backends.derived) held when the compile began, which a schedule reuses at no cost."""
+    (compiler.derived) held when the compile began, which a schedule reuses at no cost."""
     from ..autotune.search import Candidate, TuningError, search
-    from ..backends.derived import asked_for, nbytes
+    from .derived import asked_for, nbytes
 
     trials = None  # built on first need: a GPU builds every kernel's schedules at once
     tuned = 0

@@ -25,7 +25,7 @@ from . import blocks, merge, registry
 from .encode import Encoding, decode
 from .extract import CPU, Roofline, candidates, costs, dag_cost, differences, prefer, read_egraph
 from .registry import EXPLOSIVE, FUSION, STAGES, backend_rules
-from .schedule import Saturation, declared
+from .schedule import Saturation, declared, keeping
 
 
 @dataclass
@@ -42,6 +42,12 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     backend_rules(target)  # an unknown target fails before any work
+    with keeping():  # the blocks reuse one declared e-graph, dropped at the end
+        return _optimize(graph, target, k, time_limit, node_limit, roof)
+
+
+def _optimize(graph: Graph, target: str, k: int, time_limit: float, node_limit: int,
+              roof: Roofline) -> Optimized:
     start = time.perf_counter()
     segments, reps = blocks.blocks(graph)
     if len(reps) == len(segments):

@@ -20,11 +20,11 @@ import math
 import llvmlite.ir as ir
 import numpy as np
 
+from ...compiler.derived import derived
 from ...compiler.group import ravel
 from ...compiler.kernel import Attention, Buffer, Const, Kernel, KExpr, Load, Op, axis_vars, free_vars, walk
 from ...ir.dtypes import DType
 from ...ir.symbolic import Num, Var, evaluate, terms, upper
-from ..derived import derived
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import llvmlite.ir as ir
 import numpy as np
 
+from ...compiler.derived import derived, viewed
 from ...compiler.group import ravel
 from ...compiler.kernel import (
     Buffer,
@@ -33,7 +34,6 @@ from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy
 from ...ir.symbolic import Expr, Num, Var, evaluate, map_vars, prod, sint, terms, to_expr, upper, var_list
 from ...ir.view import contiguous_strides
-from ..derived import derived, viewed
 from . import host
 from .emitter import KernelEmitter
 from .scalar import F32, I8, I16, I32, I64, PTR, i64, intrinsic, splat, store_through, vector_ptr
@@ -121,7 +121,7 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
                   nr: int, fmt: str | None = None) -> list[np.ndarray]:
     """data[index(n, k)] as [panels, K, NR], zero past column n, flat: float32, or in fmt when fmt
     holds every value exactly (quantize.storage: the packed values, then their scales, if any).
-    Remembered while data lives (backends.derived)."""
+    Remembered while data lives (compiler.derived)."""
     parts = terms(index)
     linear = {None if a is None else a.name: c for c, a in parts if a is None or isinstance(a, Var)}
     affine = len(linear) == len(parts) and set(linear) - {None} <= {n_var, k_var}

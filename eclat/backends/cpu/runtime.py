@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...compiler.derived import content, derived
 from ...compiler.kernel import Program, Schedule, loads
 from ...compiler.memplan import MemoryPlan, elided_concatenations, plan_memory
 from ...ir.symbolic import bind_sizes, evaluate
-from ..derived import content, derived
 from .codegen import build_module, packed_copies
 from .emitter import SIZES
 from .jit import Jitted, one_thread_warning

@@ -21,10 +21,10 @@ from functools import partial
 
 import numpy as np
 
+from ...compiler.derived import derived
 from ...compiler.kernel import Buffer, Program
 from ...compiler.quantize import FORMATS, storage
 from ...ir.dtypes import DType, from_numpy, round_bfloat16
-from ..derived import derived
 
 PARTS = (":q", ":s")  # the packed values and their scales, named after the weight
 
