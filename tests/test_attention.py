@@ -203,10 +203,11 @@ def test_the_search_times_attention_in_one_kernel_and_as_separate_kernels(monkey
 
 
 def test_rows_in_flight_a_few_at_a_time(monkeypatch):
-    """Query rows beyond the stack's state (STATE_ROWS) run in turns, the last turn partial."""
+    """Query rows beyond the stack's state (STATE_FLOATS: here one block of rows) run in turns, the
+    last turn partial."""
     import eclat.backends.cpu.attention as cpu_attention
 
-    monkeypatch.setattr(cpu_attention, "STATE_ROWS", 12)
+    monkeypatch.setattr(cpu_attention, "STATE_FLOATS", 12)
     torch.manual_seed(5)
     q, k, v = torch.randn(1, H, 37, D), torch.randn(1, H, 300, D), torch.randn(1, H, 300, D)
     assert _attention_kernels(_check(Scores("window", 37, 300).eval(), (q, k, v)))
@@ -223,16 +224,16 @@ class CausalFromLength(torch.nn.Module):
         return torch.softmax(scores.masked_fill(j > i, -math.inf), -1) @ v
 
 
-@pytest.mark.parametrize("state_rows", [4092, 12])
+@pytest.mark.parametrize("state_rows", [4096, 12])
 def test_one_kernel_over_run_time_numbers_of_queries_and_keys(monkeypatch, state_rows):
     """Attention compiled once with the query and key lengths known at run time runs as one kernel
     at every length: rows in blocks and one by one, keys in whole blocks and a partial one, rows
-    in flight in turns (STATE_ROWS made small)."""
+    in flight in turns (STATE_FLOATS made small)."""
     from torch.export import Dim
 
     import eclat.backends.cpu.attention as cpu_attention
 
-    monkeypatch.setattr(cpu_attention, "STATE_ROWS", state_rows)
+    monkeypatch.setattr(cpu_attention, "STATE_FLOATS", state_rows)
     model = CausalFromLength().eval()
     t, s = Dim("t", min=1, max=160), Dim("s", min=1, max=300)
     example = (torch.randn(1, H, 9, D), torch.randn(1, H, 20, D), torch.randn(1, H, 20, D))
@@ -367,3 +368,45 @@ def test_a_repeat_along_the_innermost_axis_is_still_copied():
     np.testing.assert_allclose(compiled(x, w).numpy(), Interleaved()(x, w).numpy(), rtol=1e-5, atol=1e-5)
     program = compiled.executable.program
     assert any(program.buffers[k.out].numel == 3 * 5 * 16 and not reduces(k.body) for k in program.kernels)
+
+
+@pytest.mark.parametrize("rows", [6, 14])
+def test_query_rows_go_in_blocks_as_tall_as_the_registers_hold(monkeypatch, rows):
+    """A block of query rows holds 2 vectors of accumulators per row: 6 rows of 16 registers (AVX2),
+    14 of 32 (AVX-512); either height is right on any host (the rows past the last block too)."""
+    import eclat.backends.cpu.attention as cpu_attention
+
+    assert (cpu_attention.block_rows(16), cpu_attention.block_rows(32)) == (6, 14)
+    monkeypatch.setattr(cpu_attention, "block_rows", lambda registers: rows)
+    torch.manual_seed(9)
+    q, k, v = torch.randn(1, H, 45, D), torch.randn(1, H, 45, D), torch.randn(1, H, 45, D)
+    assert _attention_kernels(_check(Scores("causal", 45, 45).eval(), (q, k, v)))
+
+
+class PartlyBiased(torch.nn.Module):
+    """A causal mask plus a bias on one query row only: the blocks below the diagonal that hold that
+    row need the mask, the others do not."""
+
+    def __init__(self, t: int):
+        super().__init__()
+        mask = _masks(t, t)["causal"].clone()
+        mask[t // 2, : t // 2] += 3.0
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + self.mask, -1) @ v
+
+
+@pytest.mark.parametrize("model", ["causal", "partly biased"])
+def test_blocks_where_the_mask_is_zero_skip_it(model):
+    """The live-block table marks blocks where a constant mask is 0 throughout (UNMASKED): their
+    scores are computed without the mask, blocks the mask hides are skipped, the rest add it."""
+    from eclat.backends.cpu.attention import HIDDEN, LIVE, UNMASKED
+
+    t = 300
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, H, t, D), torch.randn(1, H, t, D), torch.randn(1, H, t, D)
+    net = Scores("causal", t, t) if model == "causal" else PartlyBiased(t)
+    compiled = _check(net.eval(), (q, k, v))
+    (table,) = [b.data for name, b in compiled.executable.program.buffers.items() if "live_" in name]
+    assert {HIDDEN, LIVE, UNMASKED} <= set(np.unique(table))
