@@ -36,17 +36,18 @@ DIRECT_BELOW = 6
 SCRATCH_FLOATS = 8192  # a block of keys, transposed: d x BJ floats (32 KB: L1)
 STATE_FLOATS = 4096  # about this many query rows in flight, their running max and sum on the stack (32 KB)
 
+MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
+# the live-block table's entries: the mask hides the block throughout, or not, or is 0 throughout
+# it (its scores need no mask: a causal mask below the diagonal; T=2048 causal, a Xeon: 32.4 -> 27.3 ms)
+HIDDEN, LIVE, UNMASKED = 0, 1, 2
+MASK_TABLE = 1 << 16  # entries of a run-time mask's table (on the stack)
+
 
 def block_rows(registers: int) -> int:
     """Query rows per micro-kernel block: as many as the vector registers hold at 2 accumulators
     each beside 2 key (or value) vectors and a broadcast row value: 6 of 16 registers (AVX2), 14 of
     32 (AVX-512; T=2048 causal attention on a Xeon: 33.6 against 37.4 ms at 6 rows)."""
     return (registers - 3) // 2
-MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
-# the live-block table's entries: the mask hides the block throughout, or not, or is 0 throughout
-# it (its scores need no mask: a causal mask below the diagonal; T=2048 causal, a Xeon: 32.4 -> 27.3 ms)
-HIDDEN, LIVE, UNMASKED = 0, 1, 2
-MASK_TABLE = 1 << 16  # entries of a run-time mask's table (on the stack)
 
 
 def attention_parts(att: Attention | None, kernel: Kernel, lanes: int) -> tuple[Load, Load] | None:
@@ -123,7 +124,7 @@ class AttentionEmitter(KernelEmitter):
                  and self.buffers[a.buffer].role == "weight" and self.buffers[a.buffer].data is not None]
         if not masks:
             return None
-        mask = self.unmasked = masks[0]
+        mask = self.constant_mask = masks[0]
         heads = [self.vars_[a] for a in self.heads]
         sizes = [k.shape[a] for a in self.heads]
         row = self.vars_[self.rows_axis].name if self.rows_axis is not None else None
@@ -348,7 +349,7 @@ class AttentionEmitter(KernelEmitter):
         flag = b.load(b.gep(self.ptr[self.live], [at], source_etype=I8), typ=I8)
         with b.if_else(b.icmp_signed("==", flag, ir.Constant(I8, UNMASKED))) as (unmasked, other):
             with unmasked, self.scope.nested():
-                self.scope.remember(self.unmasked, ir.Constant(F32, 0.0))
+                self.scope.remember(self.constant_mask, ir.Constant(F32, 0.0))
                 self._rows(r0, nr, j0, nb)
             with other, self.scope.nested(), b.if_then(b.icmp_signed("!=", flag, ir.Constant(I8, HIDDEN))):
                 self._rows(r0, nr, j0, nb)
