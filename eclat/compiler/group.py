@@ -228,7 +228,7 @@ def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int
 def _fused_attention(graph: Graph) -> Graph:
     """graph with every matmul(view(softmax(x)), v) whose softmax nothing else reads, whose view
     reads the softmax's axis as the product's, and whose x is one contraction (or none) under
-    elementwise ops and plain views, as attend(x, v): one kernel, the scores never written. The
+    elementwise ops, gathers and plain views, as attend(x, v): one kernel, the scores never written. The
     operands of x's contraction and v become buffers (`contiguous`) where they are computed. A
     product may be a matmul or the sum of a product it decomposes into (decode's one-row ones)."""
     composites = {op for op, d in OPS.items() if d.kind == "composite"} - {"attention"}
@@ -314,8 +314,9 @@ def _attend_of(old: Node, lhs: Node, v: Node, users: dict[int, int]) -> Node | N
 
 def _score_products(x: Node) -> list[Node] | None:
     """The products x computes (at most one: a matmul or the sum it decomposes into), through
-    elementwise ops and unmasked views down to leaves and buffers; None where x is anything else
-    (another reduction, a gather, a padded view)."""
+    elementwise ops, gathers and unmasked views down to leaves and buffers; None where x is anything
+    else (another reduction, a padded view). A gather builds masks: transformers takes a causal mask's
+    positions from an arange by index, wrapped where negative."""
     products, stack, seen = [], [x], set()
     while stack:
         n = stack.pop()
@@ -324,7 +325,7 @@ def _score_products(x: Node) -> list[Node] | None:
         seen.add(id(n))
         if n.op == "matmul" or _sum_as_matmul(n, list(n.srcs)) is not None:
             products.append(n)
-        elif n.kind in ("unary", "binary", "ternary") or n.op == "fma" or \
+        elif n.kind in ("unary", "binary", "ternary") or n.op in ("fma", "gather") or \
                 n.kind == "view" and n.arg.mask is None:
             stack.extend(n.srcs)
         elif not _count(n):
