@@ -22,12 +22,12 @@ from .kernel import Kernel, Program, loads
 
 FAST_SCHEDULES = 6  # schedules timed at most per kernel in "fast" mode, the default first
 ROUNDS = 3  # turns at timing each candidate, at both levels (kernels and programs)
-# A schedule that derives at least NEW_COPY_BYTES of a weight's packed forms that nothing held when
-# the compile began (another program of one model holds its own: a language model's prefill for its
-# decode) must be this much faster to be chosen. GPT-2's decode ran level whichever panel widths its
-# one-row products took (33.1 tok/s at the prefill's widths, 33.4 at its own; an AVX-512 Xeon), but
-# timed alone a fresh copy (just written, in cache) beat the prefill's (cold) by over 15%, and its
-# own widths held a second copy of most of the weights (0.6 GB).
+# A schedule that derives NEW_COPY_BYTES more of a weight's packed forms than another candidate
+# does, forms that nothing held when the compile began (another program of one model holds its own:
+# a language model's prefill for its decode), must be this much faster to be chosen. GPT-2's decode
+# ran level whichever panel widths its one-row products took (33.1 tok/s at the prefill's widths,
+# 33.4 at its own; an AVX-512 Xeon), but timed alone a fresh copy (just written, in cache) beat the
+# prefill's (cold) by over 15%, and its own widths held a second copy of most of the weights (0.6 GB).
 NEW_COPY_PENALTY = 2.0
 NEW_COPY_BYTES = 1 << 20
 # A schedule whose build derived at least this many bytes anew is timed its ROUNDS at once and its
@@ -95,7 +95,10 @@ def tune(program: Program, target: Any, device: Any, db: Any, mode: str, threads
             return timers[id(c)]()
 
         def penalty(c: Candidate, new_bytes: dict = new_bytes) -> float:
-            return NEW_COPY_PENALTY if new_bytes.get(id(c), 0) >= NEW_COPY_BYTES else 1.0
+            """NEW_COPY_PENALTY for a candidate that derives NEW_COPY_BYTES more than the one that
+            derives least (what every candidate's build makes anew costs none of them more)."""
+            extra = new_bytes.get(id(c), 0) - min(new_bytes.values(), default=0)
+            return NEW_COPY_PENALTY if extra >= NEW_COPY_BYTES else 1.0
 
         cands = [Candidate(target.schedule_json(s), 0.0, s) for s in space]
         try:
