@@ -35,7 +35,6 @@ from .scalar import F32, I8, binary, i64, intrinsic, splat, store_through, vecto
 DIRECT_BELOW = 6
 SCRATCH_FLOATS = 8192  # a block of keys, transposed: d x BJ floats (32 KB: L1)
 STATE_FLOATS = 4096  # about this many query rows in flight, their running max and sum on the stack (32 KB)
-
 MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
 # the live-block table's entries: the mask hides the block throughout, or not, or is 0 throughout
 # it (its scores need no mask: a causal mask below the diagonal; T=2048 causal, a Xeon: 32.4 -> 27.3 ms)
@@ -104,33 +103,33 @@ class AttentionEmitter(KernelEmitter):
         self.vchunk = (whole if self.direct and whole <= 8 else
                        next(n for n in (2, 1) if shape[-1] % (n * lanes) == 0)) * lanes
         fixed = isinstance(self.n_rows, int) and isinstance(att.size, int)  # a table needs the sizes
-        self.live = self._live_blocks() if fixed else None
+        self.live, self.constant_mask = self._live_blocks() if fixed else (None, None)
         if self.live is not None:
             self.arg_names.append(self.live)
         self.mask = self._run_time_mask() if self.live is None else None
 
-    def _live_blocks(self) -> str | None:
+    def _live_blocks(self) -> tuple[str | None, Load | None]:
         """A table, per head, block of `rows` query rows and block of keys, of whether any score in
         it can be above -inf, for scores x = y + mask with the mask a constant (a causal or sliding
         window mask, a bias with the causal mask in it): a block the mask hides throughout is
         skipped (HIDDEN), one where it is 0 throughout computes x without it (UNMASKED). (That
         assumes y finite: an infinite or NaN score under a -inf mask would make the row NaN, as it
         does in torch.) The table is a packed constant; None when there is no such mask, or it
-        hides nothing and is nowhere 0 throughout a block."""
+        hides nothing and is nowhere 0 throughout a block; with it, the mask's load."""
         x, k = self.att.x, self.k
         addends = x.srcs[2:] if isinstance(x, Op) and x.op == "fma" else \
             x.srcs if isinstance(x, Op) and x.op == "add" else ()
         masks = [a for a in addends if isinstance(a, Load) and a.valid == Num(1)
                  and self.buffers[a.buffer].role == "weight" and self.buffers[a.buffer].data is not None]
         if not masks:
-            return None
-        mask = self.constant_mask = masks[0]
+            return None, None
+        mask = masks[0]
         heads = [self.vars_[a] for a in self.heads]
         sizes = [k.shape[a] for a in self.heads]
         row = self.vars_[self.rows_axis].name if self.rows_axis is not None else None
         n_rb, n_jb = -(-self.n_rows // self.rows), -(-self.att.size // self.bj)
         if math.prod(sizes) * n_rb * n_jb > MAX_TABLE:
-            return None
+            return None, None
         data = np.asarray(self.buffers[mask.buffer].data).reshape(-1)
 
         def make() -> np.ndarray:
@@ -149,12 +148,12 @@ class AttentionEmitter(KernelEmitter):
         table = derived(data, ("live", str(mask.index), tuple(sizes), self.n_rows, self.att.size, self.rows,
                                self.bj), make)
         if (table == LIVE).all():
-            return None
+            return None, None
         name = f"{PACKED}live_{hashlib.sha256(table.tobytes()).hexdigest()[:16]}"
         self.packed[name] = table
         self.buffers[name] = Buffer(name, table.size, DType.uint8, "weight", table)
         self.used.add(name)
-        return name
+        return name, mask
 
     def _run_time_mask(self) -> KExpr | None:
         """The part of x that can hide a score when it is only known at run time (a causal mask
