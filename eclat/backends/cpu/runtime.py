@@ -11,7 +11,7 @@ import numpy as np
 
 from ...compiler.derived import content, derived
 from ...compiler.kernel import Program, Schedule, loads
-from ...compiler.memplan import MemoryPlan, elided_concatenations, plan_memory
+from ...compiler.memplan import ALIGN, MemoryPlan, elided_concatenations, plan_memory
 from ...ir.symbolic import bind_sizes, evaluate
 from .codegen import build_module, packed_copies
 from .emitter import SIZES
@@ -128,7 +128,7 @@ class NativeRun:
             state.sizes[:] = [env[name] for name in self._size_names]
         outs = []
         for j, shape, dtype in self._out_specs:
-            o = np.empty(shape if env is None else tuple(evaluate(n, env) for n in shape), dtype)
+            o = _aligned_empty(shape if env is None else tuple(evaluate(n, env) for n in shape), dtype)
             slots[j] = _data(o)
             outs.append(o)
         return outs
@@ -175,6 +175,17 @@ class NativeRun:
 
 def _digest(a: np.ndarray) -> tuple:
     return a.dtype.str, a.shape, content(a)
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array whose data starts on a cache line, as the arena's buffers do. numpy's
+    start 16 bytes into one about as often as not; then threads that split the columns of a product
+    write a line of every row in common, and at 2 threads a 512 x 224 product's output took 65 us
+    against 31 on a line (44 on one thread)."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + raw.size - ALIGN].view(dtype).reshape(shape)
 
 
 @dataclass(frozen=True)
