@@ -106,11 +106,11 @@ class NativeRun:
 
     def _state(self) -> _CallState:
         """Slots with the weights bound and an arena of the plan's size, 64-byte aligned."""
-        arena = np.zeros(max(self.plan.arena_bytes, 1) + 64, dtype=np.uint8)
-        base = arena.ctypes.data
+        arena = _aligned_empty((max(self.plan.arena_bytes, 1),), np.uint8)
+        arena[:] = 0
         slots = (ctypes.c_void_p * len(self._index))()
         for j in self._no_data:
-            slots[j] = base + (-base % 64)
+            slots[j] = arena.ctypes.data
         for j, data in self._weights.items():
             slots[j] = data.ctypes.data
         sizes = np.zeros(len(self.program.sizes), np.int64)
@@ -178,10 +178,10 @@ def _digest(a: np.ndarray) -> tuple:
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array whose data starts on a cache line, as the arena's buffers do. numpy's
-    start 16 bytes into one about as often as not; then threads that split the columns of a product
-    write a line of every row in common, and at 2 threads a 512 x 224 product's output took 65 us
-    against 31 on a line (44 on one thread)."""
+    """An uninitialised array whose data starts on a cache line: the arena (so its buffers start on
+    lines too) and every output. numpy's start 16 bytes into one about as often as not; then threads
+    that split the columns of a product write a line of every row in common, and at 2 threads a
+    512 x 224 product's output took 65 us against 31 on a line (44 on one thread)."""
     dtype = np.dtype(dtype)
     raw = np.empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
