@@ -421,6 +421,24 @@ def test_matmul_with_transposed_weight_and_batches():
     check(G.Graph([x], [out], {"w": w}), [rand(3, 5, 12)], rtol=1e-4, atol=1e-5)
 
 
+def test_a_product_over_an_axis_of_one_element():
+    """A product of one row whose row axis stayed (a program with run-time sizes specialised to one
+    row, compiler.buckets): that axis has stride 0, and dividing by it made every output NaN."""
+    from eclat.compiler.kernel import Buffer, Kernel, Load, Op, Program
+    from eclat.ir.symbolic import Num, Var
+
+    i0, i1, r = Var("i0", 0, 0), Var("i1", 0, 63), Var("r0", 0, 39)
+    w = rand(40, 64)
+    body = Reduce("sum", 40, r, Op("mul", (Load("x", i0 * 40 + r, Num(1), DType.float32),
+                                             Load("w", i1 + r * 64, Num(1), DType.float32)), DType.float32),
+                  DType.float32)
+    buffers = {"x": Buffer("x", 40, DType.float32, "input"), "y": Buffer("y", 64, DType.float32, "output"),
+               "w": Buffer("w", w.size, DType.float32, "weight", w)}
+    program = Program(buffers, [Kernel("k0", "y", (1, 64), body)], ["x"], ["y"], [(1, 40)], [(1, 64)])
+    x = rand(1, 40)
+    np.testing.assert_allclose(CpuExecutable(program).run([x])[0], x @ w, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [9, 1])
 def test_schedules_change_nothing_but_speed(rows):
     a, b = G.input_("a", (rows, 21)), G.input_("b", (21, 27))

@@ -405,7 +405,10 @@ class ContractionEmitter(KernelEmitter):
             p = bb.sdiv(j, self.sym(per_panel))
             rest = bb.srem(j, self.sym(per_panel))
             for a, stride, size in zip(batch, contiguous_strides(sizes), sizes):
-                self.scope.bind(f"i{a}", bb.srem(bb.sdiv(rest, self.sym(stride)), self.sym(size)))
+                # an axis of one element has stride 0 (a view's convention): a division by it is
+                # undefined, and LLVM then computed NaN for a whole product
+                self.scope.bind(f"i{a}", i64(0) if size == 1 else
+                                bb.srem(bb.sdiv(rest, self.sym(stride)), self.sym(size)))
             if self.scratch is not None:
                 self._pack_panel(c, p, nr, kk, n_size)
             if not depth:
