@@ -2,7 +2,10 @@
 side by side with eclat compiled for each size alone, torch eager, torch.compile(dynamic=True) and
 onnxruntime (exported with dynamic axes), all in one process; compile times beside.
 
-    python benchmarks/dynamic.py --threads 1 [--only encoder] [--sizes 1,7,32,128,256]
+    python benchmarks/dynamic.py --threads 1 [--autotune fast] [--only encoder] [--sizes 1,7,32,128,256]
+
+With a search (`--autotune fast`), the one compile also searches at its sizes' ends and keeps the
+programs that win there (compiler/buckets.py); what it found is printed after each model.
 """
 
 from __future__ import annotations
@@ -77,16 +80,19 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--sizes", default="1,7,32,128,512")
     ap.add_argument("--no-static", action="store_true", help="skip eclat compiled per size")
+    ap.add_argument("--autotune", default="none", help="eclat's search, for every eclat compile")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import eclat
     from eclat.backends.cpu import host
+    from eclat.compiler.model import CompiledModel
 
     about = host.description()
     print(f"host: {about['cpu']} ({about['vector_unit']}, {about['lanes']} float32 lanes), "
-          f"{os.cpu_count()} cores; threads={args.threads}, autotune=none\n")
+          f"{os.cpu_count()} cores; threads={args.threads}, autotune={args.autotune}\n")
     sizes = [int(s) for s in args.sizes.split(",")]
-    names = ["eclat (one compile)", "eclat (per size)", "eager", "torch.compile dynamic", "onnxruntime"]
+    names = ["eclat (one compile)", "eclat (per size)", "eager", "torch.compile dynamic", "onnxruntime",
+             "eclat (example's program only)"]
     print("| model | size | " + " | ".join(f"{n} ms" for n in names) + " | " +
           " | ".join(f"{n}/eclat" for n in names[1:]) + " |")
     print("|" + "---|" * (2 + 2 * len(names) - 1))
@@ -105,8 +111,11 @@ def main() -> None:
         with torch.inference_mode():
             t0 = time.perf_counter()
             dynamic = eclat.compile(model, inputs(16), dynamic_shapes=({axis: Dim("n", min=1, max=MAX)},),
-                                    autotune="none", threads=args.threads, quiet=True)
+                                    autotune=args.autotune, threads=args.threads, quiet=True)
             compiles["eclat one"] = time.perf_counter() - t0
+            buckets = getattr(dynamic.executable, "buckets", None)
+            example_only = buckets and CompiledModel(buckets[0].executable, dynamic.program_inputs,
+                                                     dynamic.out_spec, dynamic.compile_report)
             tc = torch.compile(model, dynamic=True)
             t0 = time.perf_counter()
             tc(*inputs(16))
@@ -117,11 +126,14 @@ def main() -> None:
                 arrays = [x.numpy() for x in xs]
                 fns = {names[0]: partial(dynamic, *arrays), names[2]: partial(model, *xs),
                        names[3]: partial(tc, *xs)}
+                if example_only is not None:  # the one compile without its programs for other sizes
+                    fns[names[5]] = partial(example_only, *arrays)
                 if ort is not None:
                     fns[names[4]] = partial(ort, *xs)
                 if not args.no_static:
                     t0 = time.perf_counter()
-                    static = eclat.compile(model, xs, autotune="none", threads=args.threads, quiet=True)
+                    static = eclat.compile(model, xs, autotune=args.autotune, threads=args.threads,
+                                           quiet=True)
                     compiles["eclat per size"] += time.perf_counter() - t0
                     fns[names[1]] = partial(static, *arrays)
                 want = model(*xs).numpy()
@@ -138,6 +150,9 @@ def main() -> None:
                 ratios = [f"{t / ms[0]:.2f}" if t else "—" for t in ms[1:]]
                 print(f"| {name} | {n} | " + " | ".join(cells + ratios) + " |", flush=True)
         print(f"| {name} | compile s | " + ", ".join(f"{k} {v:.1f}" for k, v in compiles.items()) + " |")
+        for row in dynamic.report().get("buckets", ()):
+            print(f"|   | searched at {row['sizes']} | kept: {row['kept']}, candidate {row['candidate']}, "
+                  f"{row['us']} us against the example's program's {row['example_us']} us |")
 
 
 if __name__ == "__main__":

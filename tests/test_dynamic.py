@@ -271,3 +271,47 @@ def test_a_stride_two_window_over_run_time_sizes_divides_exactly():
             env = {"s1": hv, "s2": wv, "i1": a, "i2": b, "r1": c, "r2": d}
             at = int(evaluate(flat, env))
             assert _c_value(row, env) == at // wv % hv and _c_value(mod(flat, w), env) == at % wv
+
+
+def test_the_search_runs_again_at_the_sizes_ends_and_a_call_runs_the_nearest(tmp_path, monkeypatch):
+    """With a search, the compile searches again at the sizes' ends; a program that wins there is kept
+    for them (here every one is made to win), chosen by each call's sizes, kept by the program cache
+    and by artifacts, and right at every size. The least size gets a program of its own, every size
+    a constant, which runs that size alone."""
+    from eclat.compiler import pipeline
+    from eclat.compiler.buckets import SizeBuckets
+
+    monkeypatch.setattr(pipeline, "_faster_first", lambda a, b, arrays: True)
+    model = Mlp().eval()
+    example, dynamic = (torch.randn(8, 32),), ({0: Dim("batch", min=1, max=256)},)
+    first = eclat.compile(model, example, dynamic_shapes=dynamic, cache_dir=tmp_path, quiet=True)
+    rows = first.report()["buckets"]
+    assert [(list(r["sizes"].values()), r["exact"]) for r in rows] == [([1], True), ([128], False)], rows
+    assert all(r["kept"] for r in rows)
+    again = eclat.compile(model, example, dynamic_shapes=dynamic, cache_dir=tmp_path, quiet=True)
+    assert again.report()["candidates"]["cached"] and again.report()["buckets"] == rows
+    first.save(str(tmp_path / "mlp.eclat"))
+    loaded = eclat.load(str(tmp_path / "mlp.eclat"))
+    for compiled in (first, again, loaded):
+        exe = compiled.executable
+        assert isinstance(exe, SizeBuckets)
+        assert [(list(b.sizes.values()), b.exact) for b in exe.buckets] == [([8], False), ([1], True),
+                                                                           ([128], False)]
+        example_program, one, large = (b.executable for b in exe.buckets)
+        assert not one.program.sizes  # every size a constant
+        for n, runs in ((1, one), (2, example_program), (30, example_program), (40, large), (256, large)):
+            x = torch.randn(n, 32)
+            assert exe.pick([x.numpy()]) is runs, n
+            _check(compiled, model, x)
+
+
+def test_size_representatives_span_the_bounds_within_sixteen_times():
+    from eclat.compiler.buckets import representatives
+
+    s = Var("s", 1, 100)
+    x = np.arange(6 * 4, dtype=np.float32).reshape(6, 4)
+    ends = representatives([(s, 4)], [x])
+    assert [([a.shape for a in at], least) for at, least in ends] == [([(1, 4)], True), ([(96, 4)], False)]
+    assert (ends[1][0][0][:6] == x).all() and (ends[1][0][0][90:] == x).all()  # the example's rows, cycled
+    assert representatives([(Var("s", 0, 100), 4)], [x])[0][1]  # one is the least size with a call's rows
+    assert representatives([(Var("s", 4, 20), 4)], [x]) == []  # no end 4x away

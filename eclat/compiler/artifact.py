@@ -9,6 +9,9 @@
     native (in the manifest) and the target's members: what its `Target.save` writes and its
                          `Target.load` reads (the kernel source, e.g. kernels.ll; object code
                          where the target has it); see each backend's artifact.py
+    buckets (in the manifest, a model with programs per size bucket, compiler.buckets): each other
+                         program with its sizes, memory plan and native section; its target's
+                         members under bucket<j>/; `sizes` the example's program's
 
 Loading imports neither torch nor egglog. The program is stored as encoding.py writes it.
 
@@ -37,7 +40,8 @@ import numpy as np
 
 from ..errors import ArtifactError, EclatError
 from ..ir.graph import State
-from ..ir.symbolic import Expr
+from ..ir.symbolic import Expr, evaluate
+from .buckets import Bucket, SizeBuckets
 from .encoding import decode_program, encode_program
 from .kernel import Buffer, Program, loads, numel_bound
 from .memplan import MemoryPlan
@@ -260,8 +264,13 @@ def read_artifact(path: str | os.PathLike) -> dict[str, Any]:
 
 def save_artifact(model: Any, path: str | os.PathLike) -> None:
     """Write a CompiledModel to path (one zip file), atomically: a reader never sees half a file.
-    Everything stored is taken from the program the executable runs, so what is saved is what loads."""
-    exe, where = model.executable, os.fspath(path)
+    Everything stored is taken from the program the executable runs, so what is saved is what loads.
+    A model with programs per size bucket (compiler.buckets) keeps each: the example's as the
+    artifact's program, the others under `buckets` with their members in a folder each."""
+    where = os.fspath(path)
+    parts = model.executable.buckets if isinstance(model.executable, SizeBuckets) else \
+        [Bucket({}, model.executable)]
+    exe = parts[0].executable
     program: Program | None = getattr(exe, "program", None)
     report = model.report()
     target_name = str(report.get("target", "cpu"))
@@ -272,19 +281,23 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
     folder = os.path.dirname(os.path.abspath(where))
     if not os.path.isdir(folder):
         raise ArtifactError(f"cannot write {where}: there is no folder {folder}")
-    check_program(program, model.program_inputs, f"cannot save {where}")
-    try:
-        section = backend.save(exe)
-    except NotImplementedError as e:
-        raise ArtifactError(f"cannot save {where}: {e}") from None
-    native, files, reads = section.native, dict(section.files), section.reads
-    # the weights the code reads, and any the loader cannot do without
-    optional = backend.optional_weights(program)
-    kept = [b for n, b in program.buffers.items() if b.role == "weight" and (n in reads or n not in optional)]
-    for b in kept:
-        if b.data is None:
-            raise ArtifactError(f"cannot save {where}: weight {b.name!r} has no data")
-    weights = {b.name: np.asarray(b.data, dtype=b.dtype.np).reshape(-1) for b in kept}
+    files: dict[str, bytes] = {}
+    weights: dict[str, np.ndarray] = {}
+    sections = []
+    for j, part in enumerate(parts):
+        prefix = f"bucket{j}/" if j else ""
+        bucket_program = part.executable.program
+        check_program(bucket_program, _specs_at(model.program_inputs, part), f"cannot save {where}")
+        try:
+            section = backend.save(part.executable)
+        except NotImplementedError as e:
+            raise ArtifactError(f"cannot save {where}: {e}") from None
+        mine = _stored_weights(bucket_program, section.reads, backend.optional_weights(bucket_program), where)
+        if any(name in weights and not np.array_equal(weights[name], a) for name, a in mine.items()):
+            continue  # a name held with other contents (never expected): the example's program serves
+        weights |= mine
+        files |= {prefix + name: data for name, data in section.files.items()}
+        sections.append((part, prefix, section.native))
     states = model.state_specs
     # their values as compiled (a cache's zeros), not as the last call left them
     tensors = {WEIGHTS: weights, **({STATES: {s.name: s.initial for s in states}} if states else {})}
@@ -296,7 +309,15 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
                 z.writestr(name, data, zipfile.ZIP_STORED if name.endswith(BINARY) else zipfile.ZIP_DEFLATED)
             digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
             digests |= {name: write_tensors(z, name, arrays) for name, arrays in tensors.items()}
-            manifest = _manifest_of(model, program, exe, target_name, native, report, digests)
+            manifest = _manifest_of(model, program, exe, target_name, sections[0][2], report, digests)
+            if len(sections) > 1:
+                manifest["sizes"] = parts[0].sizes
+                manifest["buckets"] = [
+                    {"sizes": part.sizes, "exact": part.exact, "prefix": prefix, "native": native,
+                     "device": native.get("device"),
+                     "program": encode_program(part.executable.program),
+                     "memory_plan": _plan_json(getattr(part.executable, "plan", None))}
+                    for part, prefix, native in sections[1:]]
             text = json.dumps(manifest, indent=1).encode()
             z.writestr(MANIFEST, text, zipfile.ZIP_DEFLATED)
             z.writestr(MANIFEST_DIGEST, hashlib.sha256(text).hexdigest())
@@ -306,6 +327,16 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _stored_weights(program: Program, reads: set[str], optional: set[str],
+                    where: str) -> dict[str, np.ndarray]:
+    """The weights the code reads, and any the loader cannot do without, flat, by name."""
+    kept = [b for n, b in program.buffers.items() if b.role == "weight" and (n in reads or n not in optional)]
+    for b in kept:
+        if b.data is None:
+            raise ArtifactError(f"cannot save {where}: weight {b.name!r} has no data")
+    return {b.name: np.asarray(b.data, dtype=b.dtype.np).reshape(-1) for b in kept}
 
 
 def _manifest_of(model: Any, program: Program, exe: Any, target_name: str, native: dict[str, Any],
@@ -391,13 +422,23 @@ def load_artifact(path: str | os.PathLike) -> Loaded:
                 json.loads(out_spec)  # torch's pytree JSON, read when a call brings torch tensors
             report = CompileReport.from_dict(manifest.get("report") or {})
             check_program(program, specs, where)
-            _attach_weights(program, art, backend.optional_weights(program))
+            buckets = [(Bucket(_sizes(b["sizes"]), None, b.get("exact") is True),
+                        decode_program(b["program"], {}, backend.schedule_from), _Part(art, b))
+                       for b in manifest.get("buckets") or ()]
+            for bucket, other, _ in buckets:
+                check_program(other, _specs_at(specs, bucket), where)
+            _attach_weights([program, *(other for _, other, _ in buckets)], art, backend.optional_weights)
             states = _states(manifest.get("states") or [], specs, art)
             if in_structure is not None and structure_tensors(in_structure) != len(specs) - len(states):
                 raise ArtifactError(f"{where}: its input structure passes {structure_tensors(in_structure)} "
                                     f"arrays to a program of {len(specs) - len(states)} inputs")
         with _refused(where, "cannot be loaded here"):
             exe = backend.load(program, manifest["native"], art)
+            if buckets:
+                loaded = [dataclasses.replace(bucket, executable=backend.load(other, part.manifest["native"],
+                                                                              part))
+                          for bucket, other, part in buckets]
+                exe = SizeBuckets([Bucket(_sizes(manifest["sizes"]), exe), *loaded])
     seconds = round(time.perf_counter() - start, 4)
     report.artifact = {"path": where, "format_version": manifest["format_version"],
                        "loaded_from": exe.loaded_from, "load_seconds": seconds}
@@ -445,21 +486,57 @@ def _weight_limit(weights: list[Buffer]) -> int:
     return sum(b.nbytes + len(b.name.encode()) + 256 for b in weights) + 4096
 
 
-def _attach_weights(program: Program, art: Artifact, optional: set[str]) -> None:
-    """Each weight's data from the weights member, checked against its buffer; only a weight the
-    code reads through a packed copy may be absent (left without data, its slot never read)."""
-    weights = [b for b in program.buffers.values() if b.role == "weight"]
-    stored = art.read_tensors(WEIGHTS, _weight_limit(weights))
-    for b in weights:
-        data = stored.get(b.name)
-        if data is None:
-            if b.name in optional:
-                continue
-            raise ArtifactError(f"{art.path} lacks the data of weight {b.name!r}, which its code reads")
-        if data.dtype != b.dtype.np or data.size != b.numel:
-            raise ArtifactError(f"{art.path}: weight {b.name!r} holds {data.dtype}[{data.size}], but its "
-                                f"code reads {b.dtype.np}[{b.numel}]")
-        b.data = data.reshape(-1)
+def _attach_weights(programs: list[Program], art: Artifact, optional_of: Any) -> None:
+    """Each weight's data from the weights member (read once for every program), checked against
+    its buffer; only a weight the code reads through a packed copy (optional_of(program)) may be
+    absent (left without data, its slot never read)."""
+    union = {b.name: b for p in programs for b in p.buffers.values() if b.role == "weight"}
+    stored = art.read_tensors(WEIGHTS, _weight_limit(list(union.values())))
+    for program in programs:
+        optional = optional_of(program)
+        for b in (b for b in program.buffers.values() if b.role == "weight"):
+            data = stored.get(b.name)
+            if data is None:
+                if b.name in optional:
+                    continue
+                raise ArtifactError(f"{art.path} lacks the data of weight {b.name!r}, which its code reads")
+            if data.dtype != b.dtype.np or data.size != b.numel:
+                raise ArtifactError(f"{art.path}: weight {b.name!r} holds {data.dtype}[{data.size}], but its "
+                                    f"code reads {b.dtype.np}[{b.numel}]")
+            b.data = data.reshape(-1)
+
+
+def _specs_at(specs: list[InputSpec], bucket: Bucket) -> list[InputSpec]:
+    """What a bucket's program takes: the model's inputs, at the bucket's sizes if it runs them alone."""
+    if not bucket.exact:
+        return specs
+    return [dataclasses.replace(s, shape=tuple(int(evaluate(n, bucket.sizes)) for n in s.shape))
+            for s in specs]
+
+
+def _sizes(data: Any) -> dict[str, int]:
+    """A bucket's sizes as the manifest holds them: names to non-negative ints."""
+    if not isinstance(data, dict) or not all(type(n) is int and n >= 0 for n in data.values()):
+        raise ValueError(f"bucket sizes {data!r}")
+    return {str(name): n for name, n in data.items()}
+
+
+class _Part:
+    """One size bucket's view of an artifact, as its target's loader reads it: its own manifest
+    entries (memory plan, device) and members (in its folder)."""
+
+    def __init__(self, art: Artifact, entry: dict[str, Any]):
+        prefix = entry["prefix"]
+        if not isinstance(prefix, str) or not prefix.startswith("bucket") or not prefix.endswith("/"):
+            raise ValueError(f"bucket folder {prefix!r}")
+        self.path, self._art, self._prefix = art.path, art, prefix
+        self.manifest = {**art.manifest, **entry}
+
+    def has(self, name: str) -> bool:
+        return self._art.has(self._prefix + name)
+
+    def read(self, name: str, limit: int) -> bytes:
+        return self._art.read(self._prefix + name, limit)
 
 
 __all__ = ["Artifact", "ArtifactError", "FORMAT_VERSION", "Loaded", "check_program", "load_artifact",

@@ -562,25 +562,35 @@ def size_vars(shapes: list[tuple[sint, ...]]) -> tuple[Var, ...]:
 
 
 def specialised(kernel: Kernel, sizes: dict[str, int]) -> Kernel:
-    """kernel with its run-time sizes replaced by values (to time it at those sizes)."""
-    f = lambda e: map_vars(e, lambda v: Num(sizes[v.name]) if v.name in sizes else v)
+    """kernel with its run-time sizes replaced by values (to time it at those sizes, or to run only
+    them): an index over a run-time size (`index_var`) becomes one over its value, so that no code
+    reads the size at run time."""
+    def var(v: Var) -> Expr:
+        if v.name in sizes:
+            return Num(sizes[v.name])
+        if v.extent is not None and variables(v.extent) & sizes.keys():
+            return index_var(v.name, map_vars(v.extent, var))
+        return v
+    f = lambda e: map_vars(e, var)  # noqa: E731
     shape = tuple(as_int(f(to_expr(n))) for n in kernel.shape)
     sides = tuple(Side(sd.out, rewrite(sd.body, index=f)) for sd in kernel.sides)
     return dataclasses.replace(kernel, shape=shape, body=rewrite(kernel.body, index=f), sides=sides)
 
 
 def at_sizes(program: Program, sizes: dict[str, int]) -> Program:
-    """program with its run-time sizes replaced by values, its buffers holding what they hold then
-    (for estimates at those sizes; not for running)."""
+    """program with its run-time sizes replaced by values, its buffers holding what they hold then:
+    for estimates at those sizes, and a program that runs those sizes alone (compiler.buckets)."""
     if not sizes:
         return program
     kernels = [specialised(k, sizes) for k in program.kernels]
+    at = lambda shape: tuple(int(evaluate(n, sizes)) for n in shape)  # noqa: E731
     numel = {k.out: math.prod(k.shape) for k in kernels}
-    numel |= {name: math.prod(evaluate(n, sizes) for n in shape)
-              for name, shape in zip(program.inputs, program.input_shapes)}
+    numel |= {name: math.prod(at(shape)) for name, shape in zip(program.inputs, program.input_shapes)}
     buffers = {name: dataclasses.replace(b, numel=numel.get(name, b.numel))
                for name, b in program.buffers.items()}
-    return dataclasses.replace(program, buffers=buffers, kernels=kernels, sizes=())
+    return dataclasses.replace(program, buffers=buffers, kernels=kernels, sizes=(),
+                               input_shapes=[at(s) for s in program.input_shapes],
+                               output_shapes=[at(s) for s in program.output_shapes])
 
 
 def numel_bound(shape: tuple[sint, ...]) -> int:

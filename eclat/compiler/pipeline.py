@@ -21,6 +21,7 @@ be written now and run (or tuned) on the hardware later.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import os
@@ -42,9 +43,10 @@ from ..backends import get_target
 from ..errors import EclatError
 from ..ir.graph import Graph
 from ..ir.interpreter import run as interpret
-from ..ir.symbolic import bind_sizes, dims, evaluate, var_list
+from ..ir.symbolic import bind_sizes, dims, var_list
 from . import derived, program_cache
 from . import tune as tuning
+from .buckets import Bucket, SizeBuckets, inputs_at, representatives, sizes_of
 from .group import copies_windows, group
 from .kernel import Program, at_sizes, bytes_moved, flops
 from .model import CompiledModel
@@ -152,27 +154,36 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
         with phase("reference"):
             reference = _references(graph, candidates, arrays) if verify else lambda n: None
         hits, misses = (tdb.hits, tdb.misses) if tdb is not None else (0, 0)
-        chosen_key = _choice_key(graph, f"{autotune}|{weights}", k, backend.name, device) if tdb is not None \
-            else None
-        known, fused, tuned = _known_choice(tdb, chosen_key, len(candidates))
-        built = None
-        grouped = _programs([candidates[known]], device, threads, backend, [], fused) if known is not None \
-            else []
-        if grouped:  # the database's winner, built with its schedules, verified
-            built = _build_remembered(grouped[0][3], backend, device, autotune, threads, tdb, arrays,
-                                      reference(known), tuned, bars)
-        if built is not None:
-            exe, program = built
-            stats = CandidateStats(len(candidates), pruned=len(candidates) - 1, chosen=known, fused=fused)
-        else:
-            seconds, exe, program, stats = _pick(candidates, backend, device, autotune, threads, arrays,
+
+        def key_of(sizes: str) -> Any:
+            return _choice_key(graph, f"{autotune}|{weights}{sizes}", k, backend.name, device)
+
+        def choose(at: list[np.ndarray], reference: Callable[[int], list[np.ndarray] | None],
+                   sizes: str = "") -> tuple[Any, Program, CandidateStats, bool]:
+            """The search's (executable, program, stats, tuned) at inputs `at`: the database's
+            winner where it remembers one that still builds and verifies, else searched afresh."""
+            key = key_of(sizes) if tdb is not None else None
+            known, fused, tuned = _known_choice(tdb, key, len(candidates))
+            grouped = _programs([candidates[known]], device, threads, backend, [], fused) \
+                if known is not None else []
+            built = _build_remembered(grouped[0][3], backend, device, autotune, threads, tdb, at,
+                                      reference(known), tuned, bars) if grouped else None
+            if built is not None:  # the database's winner, built with its schedules, verified
+                return (*built, CandidateStats(len(candidates), pruned=len(candidates) - 1, chosen=known,
+                                               fused=fused), tuned)
+            seconds, exe, program, stats = _pick(candidates, backend, device, autotune, threads, at,
                                                  reference, bars)
             tuned = False
             if tdb is not None:
-                exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, arrays,
+                exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, at,
                                     reference(stats.chosen), exe, bars, held)
-                tdb.put(chosen_key, {"candidate": stats.chosen, "fused": stats.fused, "tuned": tuned},
-                        seconds * 1e6)
+                tdb.put(key, {"candidate": stats.chosen, "fused": stats.fused, "tuned": tuned}, seconds * 1e6)
+            return exe, program, stats, tuned
+
+        exe, program, stats, tuned = choose(arrays, reference)
+        buckets = _size_buckets(graph, candidates, arrays, exe, stats, choose, tdb, key_of, verify,
+                                weights != "fp32", backend, threads) \
+            if program.sizes and tdb is not None else []
         for line in stats.failed if not quiet else ():
             print(f"eclat: skipped {line}")
         counts = {"hits": tdb.hits - hits, "misses": tdb.misses - misses} if tdb is not None else {
@@ -183,18 +194,92 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     if verify:
         _verify_other_sizes(exe, program, candidates[stats.chosen] if weights != "fp32" else
                             reference_graph(graph, candidates), arrays)
+    if any(b.kept for b in buckets):
+        exe = SizeBuckets([Bucket(sizes_of(program.input_shapes, arrays), exe)] +
+                          [Bucket(b.sizes, b.executable, b.exact) for b in buckets if b.kept])
     report = _report(target, threads, device, program, exe, start)
+    report.buckets = [b.row() for b in buckets]
     if weights != "fp32":
         report.quantization = accuracy(exact[stats.chosen], candidates[stats.chosen], arrays)
         _refuse_error(report.quantization, max_error)
     stats.differences = list(egraph.get("differs", []))
     report.egraph, report.candidates, report.tuning_cache = _egraph_stats(egraph), stats, counts
     if remember is not None:
-        program_cache.write(remember, program, tuned, report.to_dict())
+        program_cache.write(remember, program, tuned, report.to_dict(),
+                            [(b.sizes, b.executable.program, b.tuned, b.exact) for b in buckets if b.kept])
     if autotune != "none":
         with phase("timing"):
             report.add_measured(_kernel_times_us(exe, program, arrays))
     return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure, graph.states)
+
+
+@dataclasses.dataclass
+class _Searched:
+    """The search at another bucket's sizes: what it chose, and whether it beat the example's program."""
+
+    sizes: dict[str, int]
+    candidate: int | None
+    kept: bool
+    us: float | None = None  # its time at sizes
+    example_us: float | None = None  # the example's program's time at sizes
+    seconds: float = 0.0  # what searching and racing at sizes took
+    executable: Any = None
+    tuned: bool = False  # its executable runs the schedules tuned at sizes
+    exact: bool = False  # its executable runs these sizes alone (buckets.Bucket.exact)
+
+    def row(self) -> dict[str, Any]:
+        return {"sizes": self.sizes, "candidate": self.candidate, "kept": self.kept, "exact": self.exact,
+                "us": self.us and round(self.us, 3), "seconds": round(self.seconds, 3),
+                "example_us": self.example_us and round(self.example_us, 3)}
+
+
+def _size_buckets(graph: Graph, candidates: list[Graph], arrays: list[np.ndarray], exe: Any,
+                  stats: CandidateStats, choose: Callable, db: Any, key_of: Callable[[str], Any],
+                  verify: bool, rounded: bool, target: Any, threads: int) -> list[_Searched]:
+    """The search again at each representative's sizes (buckets.representatives), each winner raced
+    against the example's program there and kept only when faster (the verdict remembered in db, so
+    that the next compile neither searches nor races a bucket that lost). At the least sizes, the
+    winner with every size a constant is raced too, and kept for exactly them where it wins."""
+    out = []
+    shapes = [n.shape for n in graph.inputs]
+    for at, least in representatives(shapes, arrays):
+        begun, sizes = time.perf_counter(), sizes_of(shapes, at)
+        note = "|at=" + ",".join(f"{name}={n}" for name, n in sorted(sizes.items()))
+        verdict = db.get(key_of(note + "|kept"))
+        if verdict is not None and not verdict.schedule.get("kept"):
+            out.append(_Searched(sizes, None, False))
+            continue
+        try:
+            reference = _references(graph, candidates, at) if verify else lambda n: None
+            other, program, chose, tuned = choose(at, reference, note)
+            if verify:
+                _verify_other_sizes(other, program, candidates[chose.chosen] if rounded else
+                                    reference_graph(graph, candidates), at)
+        except EclatError:  # nothing verified at these sizes: the example's program serves them
+            out.append(_Searched(sizes, None, False))
+            continue
+        exact = False
+        if least and (verdict is None or verdict.schedule.get("exact")):
+            try:
+                alone = verified_build(at_sizes(program, sizes), target, threads, at,
+                                       reference(chose.chosen))
+                exact = verdict is not None or _faster_first(alone, other, at)
+            except Exception:  # a program for these sizes alone that fails: the one for every size serves
+                alone = None
+            other = alone if exact else other
+        kept = verdict is not None or _bucket_wins(other, chose, exe, stats, at)
+        db.put(key_of(note + "|kept"), {"kept": kept, "exact": exact}, 0.0)
+        out.append(_Searched(sizes, chose.chosen, kept, _sample_us(other, at), _sample_us(exe, at),
+                             time.perf_counter() - begun, other if kept else None, tuned, exact and kept))
+    return out
+
+
+def _bucket_wins(other: Any, chose: CandidateStats, exe: Any, stats: CandidateStats,
+                 at: list[np.ndarray]) -> bool:
+    """Whether other, chosen at the sizes of at, is another program than exe and runs at faster."""
+    same = chose.chosen == stats.chosen and [(k.shape, k.schedule) for k in other.program.kernels] == \
+        [(k.shape, k.schedule) for k in exe.program.kernels]
+    return not same and _faster_first(other, exe, at)
 
 
 def _specs(graph: Graph) -> list[InputSpec]:
@@ -235,20 +320,7 @@ def _other_sizes(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarray] | N
     env = bind_sizes(specs, [a.shape for a in arrays])
     bounds = {v.name: v for shape in specs for d in shape for v in var_list(d)}
     moved = {name: (v.lo if v.lo != env[name] else min(v.hi, env[name] + 1)) for name, v in bounds.items()}
-    if moved == env:
-        return None
-    out = []
-    for shape, a in zip(specs, arrays):
-        for axis, d in enumerate(shape):
-            n = int(evaluate(d, moved))
-            if n != a.shape[axis]:
-                a = np.take(a, np.arange(n) % max(a.shape[axis], 1), axis=axis)
-        out.append(np.ascontiguousarray(a))
-    try:
-        bind_sizes(specs, [a.shape for a in out])
-    except ValueError:  # sizes tied by expressions the move broke
-        return None
-    return out
+    return None if moved == env else inputs_at(specs, arrays, moved)
 
 
 def _egraph_stats(egraph: dict) -> EgraphStats:
@@ -490,7 +562,7 @@ def _from_program_cache(path: Path, graph: Graph, in_structure: Any, model: Any,
     kept = program_cache.read(path, backend.schedule_from)
     if kept is None or backend.missing():
         return None
-    program, tuned, searched = kept
+    program, tuned, searched, buckets = kept
     if program.input_shapes != [s.shape for s in _specs(graph)]:
         return None
     device = _device(target, threads, cache_dir)
@@ -500,10 +572,19 @@ def _from_program_cache(path: Path, graph: Graph, in_structure: Any, model: Any,
     if reference is None:
         return None
     tdb, owned = _open_db(db, cache_dir)
+    bars = True if quiet else None
     try:
         hits, misses = tdb.hits, tdb.misses
         built = _build_remembered(program, backend, device, mode, threads, tdb, arrays, reference, tuned,
-                                  True if quiet else None)
+                                  bars)
+        others = []
+        for sizes, other, other_tuned, exact in buckets if built is not None else ():
+            # checked against the example's program, itself checked against torch
+            at = inputs_at([dims(s) for s in program.input_shapes], arrays, sizes)
+            made = at and _build_remembered(other, backend, device, mode, threads, tdb, at, built[0].run(at),
+                                            other_tuned, bars)
+            if made:
+                others.append(Bucket(sizes, made[0], exact))
         counts = {"hits": tdb.hits - hits + 1, "misses": tdb.misses - misses}  # + the program itself
     finally:
         if owned:
@@ -511,10 +592,13 @@ def _from_program_cache(path: Path, graph: Graph, in_structure: Any, model: Any,
     if built is None:
         return None
     exe, program = built
+    if others:
+        exe = SizeBuckets([Bucket(sizes_of(program.input_shapes, arrays), exe), *others])
     report = _report(target, threads, device, program, exe, start)
-    # the search's own figures (e-graph, candidates) from the compile that chose this program
+    # the search's own figures (e-graph, candidates, buckets) from the compile that chose this program
     searched = CompileReport.from_dict(searched)
     report.egraph, report.candidates, report.tuning_cache = searched.egraph, searched.candidates, counts
+    report.buckets = searched.buckets
     report.candidates.cached = True
     report.add_measured(_kernel_times_us(exe, program, arrays))
     return CompiledModel(exe, _specs(graph), graph.out_spec, report, in_structure, graph.states)

@@ -38,12 +38,17 @@ def cache_path(graph: Graph, target: str, mode: str, k: int, threads: int,
     return root(cache_dir) / "programs" / f"{h.hexdigest()[:32]}.zip"
 
 
-def write(path: Path, program: Program, tuned: bool, report: dict[str, Any]) -> None:
+def write(path: Path, program: Program, tuned: bool, report: dict[str, Any],
+          buckets: list[tuple[dict[str, int], Program, bool, bool]] = ()) -> None:
     """Keep the chosen program with the report of the search that chose it (atomically; a cache that
-    cannot be written is only slower). The inputs' and outputs' structure is not kept: the next
-    compile lowers the model again."""
+    cannot be written is only slower), and the programs chosen at other sizes (compiler.buckets:
+    (sizes, program, tuned, exact) each). The inputs' and outputs' structure is not kept: the next compile
+    lowers the model again."""
     weights = {b.name: b.data for b in program.buffers.values() if b.data is not None}
-    meta = json.dumps({"program": encode_program(program), "tuned": tuned, "report": report}).encode()
+    kept = [b for b in buckets if _add_weights(weights, b[1])]
+    meta = json.dumps({"program": encode_program(program), "tuned": tuned, "report": report,
+                       "buckets": [{"sizes": sizes, "program": encode_program(p), "tuned": t, "exact": e}
+                                   for sizes, p, t, e in kept]}).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -57,9 +62,21 @@ def write(path: Path, program: Program, tuned: bool, report: dict[str, Any]) -> 
         pass
 
 
-def read(path: Path, schedule_from: Any) -> tuple[Program, bool, dict[str, Any]] | None:
-    """(program, whether it won with tuned schedules, the search's report) kept at path; None when
-    there is none or it is damaged (its digest), truncated or foreign."""
+def _add_weights(weights: dict[str, np.ndarray], program: Program) -> bool:
+    """Add program's weights to weights, stored once by name; False (adding none) where a name is
+    held with other contents (candidates name what they fold by its contents, so never expected)."""
+    mine = {b.name: b.data for b in program.buffers.values() if b.data is not None}
+    if any(name in weights and not (weights[name] is a or np.array_equal(weights[name], a))
+           for name, a in mine.items()):
+        return False
+    weights.update(mine)
+    return True
+
+
+def read(path: Path, schedule_from: Any) -> tuple[Program, bool, dict[str, Any], list] | None:
+    """(program, whether it won with tuned schedules, the search's report, the programs chosen at
+    other sizes as (sizes, program, tuned, exact)) kept at path; None when there is none or it is damaged
+    (its digest), truncated or foreign."""
     from safetensors.numpy import load
 
     try:
@@ -71,8 +88,12 @@ def read(path: Path, schedule_from: Any) -> tuple[Program, bool, dict[str, Any]]
             return None
         os.utime(path)  # used now: the last to be trimmed
         meta = json.loads(meta)
-        program = decode_program(meta["program"], load(raw) if raw else {}, schedule_from)
-        return program, bool(meta["tuned"]), dict(meta["report"])
+        weights = load(raw) if raw else {}
+        program = decode_program(meta["program"], weights, schedule_from)
+        buckets = [({str(k): int(n) for k, n in b["sizes"].items()},
+                    decode_program(b["program"], weights, schedule_from), bool(b["tuned"]), bool(b["exact"]))
+                   for b in meta.get("buckets", ())]
+        return program, bool(meta["tuned"]), dict(meta["report"]), buckets
     except Exception:  # none yet, or a truncated or foreign file: compile afresh (and overwrite it)
         return None
 

@@ -78,10 +78,12 @@ class CompileReport:
     notes: list[str] = field(default_factory=list)
     artifact: dict[str, Any] | None = None  # where a loaded model came from
     quantization: dict[str, Any] | None = None  # rounded weights and their error (quantize.accuracy)
+    # run-time sizes: the search at each bucket's sizes (compiler.buckets), and whether its program won
+    buckets: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for optional in ("notes", "artifact", "quantization"):
+        for optional in ("notes", "artifact", "quantization", "buckets"):
             if not out[optional]:
                 del out[optional]
         return out
