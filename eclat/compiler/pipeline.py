@@ -206,7 +206,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     report.egraph, report.candidates, report.tuning_cache = _egraph_stats(egraph), stats, counts
     if remember is not None:
         program_cache.write(remember, program, tuned, report.to_dict(),
-                            [(b.sizes, b.executable.program, b.tuned, b.exact) for b in buckets if b.kept])
+                            [(b.sizes, b.program, b.tuned, b.exact) for b in buckets if b.kept])
     if autotune != "none":
         with phase("timing"):
             report.add_measured(_kernel_times_us(exe, program, arrays))
@@ -224,6 +224,7 @@ class _Searched:
     example_us: float | None = None  # the example's program's time at sizes
     seconds: float = 0.0  # what searching and racing at sizes took
     executable: Any = None
+    program: Program | None = None  # what executable was built from (its weights' data whole)
     tuned: bool = False  # its executable runs the schedules tuned at sizes
     exact: bool = False  # its executable runs these sizes alone (buckets.Bucket.exact)
 
@@ -261,16 +262,17 @@ def _size_buckets(graph: Graph, candidates: list[Graph], arrays: list[np.ndarray
         exact = False
         if least and (verdict is None or verdict.schedule.get("exact")):
             try:
-                alone = verified_build(at_sizes(program, sizes), target, threads, at,
-                                       reference(chose.chosen))
-                exact = verdict is not None or _faster_first(alone, other, at)
+                alone = at_sizes(program, sizes)
+                built = verified_build(alone, target, threads, at, reference(chose.chosen))
+                exact = verdict is not None or _faster_first(built, other, at)
             except Exception:  # a program for these sizes alone that fails: the one for every size serves
-                alone = None
-            other = alone if exact else other
+                pass
+            other, program = (built, alone) if exact else (other, program)
         kept = verdict is not None or _bucket_wins(other, chose, exe, stats, at)
         db.put(key_of(note + "|kept"), {"kept": kept, "exact": exact}, 0.0)
         out.append(_Searched(sizes, chose.chosen, kept, _sample_us(other, at), _sample_us(exe, at),
-                             time.perf_counter() - begun, other if kept else None, tuned, exact and kept))
+                             time.perf_counter() - begun, other if kept else None, program, tuned,
+                             exact and kept))
     return out
 
 
