@@ -76,7 +76,7 @@ def test_one_compile_serves_every_batch_size_in_the_bounds():
     compiled = _compiled(model, (torch.randn(8, 32),), ({0: Dim("batch", min=1, max=64)},))
     program = compiled.executable.program
     assert [v.name for v in program.sizes] and program.input_shapes[0][1] == 32
-    for n in (1, 2, 3, 8, 17, 63, 64):
+    for n in (*range(1, 18), 63, 64):  # every tail of a row block: one micro-kernel per height
         _check(compiled, model, torch.randn(n, 32))
     assert compiled.executable.program is program  # nothing recompiled
 

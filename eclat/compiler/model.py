@@ -37,6 +37,7 @@ class CompiledModel:
         self.compile_report = report if isinstance(report, CompileReport) else CompileReport.from_dict(report)
         self._expected = [(s.shape, np.dtype(s.dtype.np)) for s in inputs]
         self._sized = any(not isinstance(n, int) for s in inputs for n in s.shape)  # run-time sizes
+        self._names = [f"input {k} ({s.name})" for k, s in enumerate(inputs)]
         self._torch_dtypes: list[Any] | None = None  # each input's torch dtype, once torch is seen
         # GPU programs keep their buffers on the device: their calls take turns
         reentrant, turns = getattr(executable, "reentrant", False), threading.Lock()
@@ -88,12 +89,13 @@ class CompiledModel:
         flat = list(args) if self._plain(args) else \
             [self._array(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, self._flat(args)))]
         if self._sized:
-            bind_sizes([s.shape for s in self.inputs], [a.shape for a in flat],
-                       [f"input {k} ({s.name})" for k, s in enumerate(self.inputs)])
+            self._check_sizes(flat)
         self._execute(flat, states_only=True)
 
     def __call__(self, *args: Any) -> Any:
         if self._plain(args):  # the common call, checked in one pass: a tenth of a small model's time
+            if self._sized:
+                self._check_sizes(args)
             outs = self._execute(list(args))
             return outs[0] if len(outs) == 1 else outs
         arrays = self._plain_torch(args)
@@ -104,9 +106,8 @@ class CompiledModel:
             return self._device_call(flat)
         use_torch = any(is_torch(x) for x in flat)
         arrays = [self._array(k, spec, x) for k, (spec, x) in enumerate(zip(self.inputs, flat))]
-        if self._sized:  # sizes that vary: each within its bounds, and the inputs agreeing on them
-            bind_sizes([s.shape for s in self.inputs], [a.shape for a in arrays],
-                       [f"input {k} ({s.name})" for k, s in enumerate(self.inputs)])
+        if self._sized:
+            self._check_sizes(arrays)
         outs = self._execute(arrays)
         if not use_torch:
             return outs[0] if len(outs) == 1 else outs
@@ -184,13 +185,21 @@ class CompiledModel:
             return torch.utils._pytree.tree_unflatten(tensors, self.out_spec)
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
+    def _check_sizes(self, arrays: Any) -> None:
+        """Sizes that vary: each within its bounds, and the inputs agreeing on them (ValueError)."""
+        bind_sizes([s.shape for s in self.inputs], [a.shape for a in arrays], self._names)
+
     def _plain(self, args: tuple) -> bool:
-        """Whether args are exactly the expected contiguous numpy arrays (a plain loop: a generator
-        under all() costs a microsecond more, a tenth of a small model's call)."""
+        """Whether args are exactly the expected contiguous numpy arrays, their run-time sizes aside
+        (a plain loop: a generator under all() costs a microsecond more, a tenth of a small model's
+        call)."""
         if len(args) != len(self._expected):
             return False
         for a, (shape, dtype) in zip(args, self._expected):
-            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
+            if type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
+                return False
+            if a.shape != shape and not (self._sized and len(a.shape) == len(shape) and all(
+                    m == n for m, n in zip(a.shape, shape) if type(n) is int)):
                 return False
         return True
 

@@ -45,7 +45,6 @@ RUNTIME_PACK_BYTES = 1 << 20  # largest K x NR panel of a non-constant operand c
 PARTIAL_BYTES = 1 << 19  # largest M x NR panel of sums kept between chunks of a reduction (Schedule.depth)
 PREFETCH_BYTES = 640  # how far ahead a matrix-vector kernel reads its weight stream (measured: 512-768 best)
 CACHE_LINE = 64  # bytes a prefetch brings in
-TAIL_ROWS = 4  # the height of the row blocks after the last whole one, over a run-time number of rows
 
 
 COLUMN_OPS = {"add": "fadd", "sub": "fsub", "mul": "fmul"}  # float ops a right operand runs as vectors
@@ -433,26 +432,20 @@ class ContractionEmitter(KernelEmitter):
 
     def _row_blocks(self, m_size: sint, mr: int, micro: Callable[[ir.Value, int], None]) -> None:
         """micro(first row, height) over the rows: blocks of mr, the last clamped to the last row. A
-        run-time number of rows ends in blocks of TAIL_ROWS (the last clamped), or in one row alone
-        when one is left, so that a few rows (one, decoding) cost about their own work, not a
-        whole block's."""
+        run-time number of rows ends in one block exactly as tall as the rows left (a micro-kernel
+        per height, chosen at run time), so that a few rows read the panel once, as a program for
+        that number of rows does: 7 rows in blocks of 4 read it twice and took twice as long."""
         bb = self.b
         if isinstance(m_size, int):
             self.loop(i64(0), i64(-(-m_size // mr)), [], lambda mb, _c: micro(bb.mul(mb, i64(mr)), mr) or [])
             return
-
-        def blocks(start: ir.Value, count: ir.Value, h: int) -> ir.Value:
-            self.loop(i64(0), count, [], lambda mb, _c: micro(bb.add(start, bb.mul(mb, i64(h))), h) or [])
-            return bb.add(start, bb.mul(count, i64(h)))
         rows = self.sym(m_size)
-        start, left = blocks(i64(0), bb.sdiv(rows, i64(mr)), mr), bb.srem(rows, i64(mr))
-        tail = min(TAIL_ROWS, mr)
-        if tail > 1:
-            one = bb.icmp_signed("==", left, i64(1))
-            clamped = bb.sdiv(bb.add(left, i64(tail - 1)), i64(tail))
-            start = blocks(start, bb.select(one, i64(0), clamped), tail)
-            left = bb.zext(one, I64)
-        blocks(start, left, 1)
+        whole = bb.sdiv(rows, i64(mr))
+        self.loop(i64(0), whole, [], lambda mb, _c: micro(bb.mul(mb, i64(mr)), mr) or [])
+        start, left = bb.mul(whole, i64(mr)), bb.srem(rows, i64(mr))
+        for h in range(1, mr):
+            with bb.if_then(bb.icmp_signed("==", left, i64(h))):
+                micro(start, h)
 
     def _depth(self, most_blocks: int, rows: int, nr: int) -> int:
         """The schedule's chunk of the reduction where it applies (0: none): several row blocks read
