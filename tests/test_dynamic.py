@@ -315,3 +315,18 @@ def test_size_representatives_span_the_bounds_within_sixteen_times():
     assert (ends[1][0][0][:6] == x).all() and (ends[1][0][0][90:] == x).all()  # the example's rows, cycled
     assert representatives([(Var("s", 0, 100), 4)], [x])[0][1]  # one is the least size with a call's rows
     assert representatives([(Var("s", 4, 20), 4)], [x]) == []  # no end 4x away
+
+
+def test_a_kernel_over_run_time_sizes_is_timed_as_the_code_that_runs():
+    """The tuner times a kernel with run-time sizes as the program runs it, reading its sizes at run
+    time, not as code for the caller's sizes as constants (which a product of one row miscompiled)."""
+    from eclat.backends.cpu.trials import Trials, isolate
+    from eclat.compiler.group import group
+    from eclat.frontend.lower import lower
+
+    graph = lower(Mlp().eval(), (torch.randn(8, 32),), dynamic_shapes=({0: Dim("batch", min=1, max=64)},))
+    program = group(graph)
+    trials = Trials(program, 1, [np.ones((5, 32), np.float32)])
+    for k in program.kernels:
+        assert isolate(program, k).sizes == program.sizes, k.name
+        assert trials(k, None)() > 0

@@ -3,16 +3,20 @@ are random, so that a schedule is judged on the kernel and nothing else."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
 
-from ...compiler.kernel import Buffer, Kernel, Program, loads, specialised
-from ...ir.symbolic import bind_sizes
+from ...compiler.kernel import Buffer, Kernel, Program, loads, mentioned_sizes, specialised
+from ...ir.symbolic import bind_sizes, evaluate, sint, var_list
 
 
 def isolate(program: Program, kernel: Kernel) -> Program:
-    """A program running only kernel: what it reads becomes inputs (weights stay weights)."""
+    """A program running only kernel: what it reads becomes inputs (weights stay weights), flat. Over
+    run-time sizes each input keeps its size (a program input's, or the kernel's that writes it), so
+    that the kernel is timed as the code that runs, reading its sizes at run time; where an input's
+    size cannot be read off (a product of two sizes), the sizes are constants of the caller's."""
     read = sorted({x.buffer for x in loads(kernel.body)} - {kernel.out})
     buffers: dict[str, Buffer] = {}
     for name in read:
@@ -21,14 +25,36 @@ def isolate(program: Program, kernel: Kernel) -> Program:
     out = program.buffers[kernel.out]
     buffers[kernel.out] = replace(out, role="output", data=None)
     ins = [n for n in read if buffers[n].role == "input"]
-    return Program(buffers, [kernel], ins, [kernel.out], [(buffers[n].numel,) for n in ins],
-                   [(out.numel,)])
+    flat = _flat_shapes(program) if program.sizes else {}
+    shapes = [(flat.get(n, buffers[n].numel),) for n in ins]
+    sizes = tuple(v for v in program.sizes if any(v in var_list(s[0]) for s in shapes))
+    if mentioned_sizes(kernel) - {v.name for v in sizes}:
+        shapes, sizes = [(buffers[n].numel,) for n in ins], ()
+    return Program(buffers, [kernel], ins, [kernel.out], shapes, [(flat.get(kernel.out, out.numel),)],
+                   sizes=sizes)
 
 
-def _random(buf: Buffer, rng: np.random.Generator) -> np.ndarray:
+def _flat_shapes(program: Program) -> dict[str, sint]:
+    """Each input's and kernel output's number of elements, an expression of the run-time sizes."""
+    flat = {k.out: math.prod(k.shape) for k in program.kernels}
+    return flat | {n: math.prod(s) for n, s in zip(program.inputs, program.input_shapes)}
+
+
+def _reads_sizes(sub: Program, sizes: dict[str, int]) -> bool:
+    """Whether sub reads its run-time sizes off its inputs' shapes, and reads them as sizes has them."""
+    if not sub.sizes:
+        return False
+    try:
+        got = bind_sizes(sub.input_shapes, [(int(evaluate(s[0], sizes)),) for s in sub.input_shapes])
+    except ValueError:
+        return False
+    return all(got.get(v.name) == sizes[v.name] for v in sub.sizes)
+
+
+def _random(buf: Buffer, numel: int, rng: np.random.Generator) -> np.ndarray:
     if buf.dtype.is_float:
-        return rng.standard_normal(buf.numel).astype(buf.dtype.np)
-    return np.zeros(buf.numel, buf.dtype.np)  # indices: row 0 is always in range
+        return rng.standard_normal(numel).astype(buf.dtype.np)
+    return np.zeros(numel, buf.dtype.np)  # indices: row 0 is always in range
 
 
 class Trials:
@@ -44,9 +70,12 @@ class Trials:
     def __call__(self, kernel: Kernel, schedule: object):
         from .runtime import CpuExecutable
 
-        sub = isolate(self.program, replace(specialised(kernel, self.sizes), schedule=schedule))
+        sub = isolate(self.program, replace(kernel, schedule=schedule))
+        if self.sizes and not _reads_sizes(sub, self.sizes):  # at the caller's sizes, each a constant
+            sub = isolate(self.program, replace(specialised(kernel, self.sizes), schedule=schedule))
         if kernel.name not in self._inputs:
-            self._inputs[kernel.name] = [_random(sub.buffers[n], self._rng) for n in sub.inputs]
+            self._inputs[kernel.name] = [_random(sub.buffers[n], int(evaluate(shape[0], self.sizes)),
+                                                 self._rng) for n, shape in zip(sub.inputs, sub.input_shapes)]
         inputs = self._inputs[kernel.name]
         exe = CpuExecutable(sub, self.threads)
         return lambda: min(exe.profile(inputs, 1))
