@@ -434,3 +434,23 @@ def test_a_mask_built_through_a_gather_still_gives_one_kernel():
     compiled = _check(IndexedPositions(), (q, k, v))
     (kernel,) = _attention_kernels(compiled)
     assert "gather" in kernel.ops and len(compiled.executable.program.kernels) <= 3
+
+
+@pytest.mark.parametrize("threads", [32, 64, 128])
+def test_gpu_attention_stages_a_heads_keys_in_shared_memory(threads):
+    """Where a work-group's query rows are one head's (64 queries a head, groups of 32 or 64), the
+    group stages each tile of keys and values in shared memory and every row reads them there; a
+    group spanning heads (128) reads them from global memory. Both match the interpreter on PoCL."""
+    from eclat.backends.gpu.schedules import GpuSchedule
+    from eclat.backends.opencl.runtime import OpenCLExecutable
+    from eclat.ir.interpreter import run
+    from tests.gpu_cases import CASES, compare, lowered, opencl_or_skip
+
+    opencl_or_skip()
+    graph, inputs = CASES["attention"]()
+    program = lowered(graph)
+    queries = next(k for k in program.kernels if as_attention(k) is not None and k.shape[1] == 64)
+    exe = OpenCLExecutable(program, {queries.name: GpuSchedule("attention", threads=threads)})
+    source = next(k.source for k in exe.rendered.kernels if k.name == queries.name)
+    assert ("float kv0[" in source) == (threads <= 64), source
+    compare(exe.run(inputs), run(graph, inputs))

@@ -56,6 +56,10 @@ _COMBINE = {"sum": "add", "max_reduce": "max"}  # a reduce op -> the op combinin
 
 _INDEX_OPS = {"+": "+", "*": "*", "//": "/", "%": "%", "<": "<", "and": "&&"}
 
+ATTENTION_TILE = 64  # keys a group stages in shared memory at a time (attention strategy), at most
+SHARED_FLOATS = 4096  # ... in at most this many floats (16 KB: under every dialect's limit)
+ROW_FLOATS = 128  # a query's row read once into registers (attention strategy), at most this long
+
 
 def c_index(e: Expr | int) -> str:
     """A symbolic index expression in C. `//` and `%` keep their floor meaning where the
@@ -136,6 +140,7 @@ class _Emitter:
             self.cname[name] = c if c not in self.cname.values() else f"{c}_{len(self.cname)}"
         self.groups = 0
         self.vectors: dict[Load, str] = {}  # vector strategy: a load -> the vector holding its lanes
+        self.staged: dict[Load, str] = {}  # attention strategy: a load -> where the group staged it
         self.lane = 0
         if kernel.numel:
             getattr(self, f"_{sched.strategy}")()
@@ -278,6 +283,8 @@ class _Emitter:
         return f"({c}[{index}] != 0)" if dt is DType.bool else f"{c}[{index}]"
 
     def load(self, e: Load) -> str:
+        if e in self.staged:  # a key's row the group staged in shared memory (_attention)
+            return self.staged[e]
         if self.buffers[e.buffer].numel == 0 or e.valid == Num(0):
             return self.literal(0, e.dtype)
         vec = self.vector_lane(e)
@@ -461,20 +468,47 @@ class _Emitter:
 
     def _attention(self) -> None:
         """One thread per query row (every axis but the last): the keys in turn, an online softmax
-        (running max m, rescaled sum l) and the row's output in registers, never the scores."""
+        (running max m, rescaled sum l) and the row's output in registers, never the scores. Where
+        the group's rows share what the keys read (one head's queries: `_staged_loads`), the keys go
+        in tiles of `bj` that the group stages in shared memory together, each key's row read from
+        global memory once per group rather than once per query."""
         k, t, d = self.k, self.s.threads, self.d
         att = as_attention(k)
         rows, dv = math.prod(k.shape[:-1]), k.shape[-1]
         last = f"i{len(k.shape) - 1}"
+        staged = self._staged_loads(att, rows, t, {last: dv})
         self.groups = -(-rows // t)
         self.ids()
         self.line(f"const int e = gid * {t} + lid;")
-        self.open(f"if (e < {rows})")
+        self.open("" if staged else f"if (e < {rows})")  # staged: rows fill every group (barriers)
         self.unravel("e", list(range(len(k.shape) - 1)))
         self.line(f"float m = -{d.inf}, l = 0.0f, o[{dv}];")
         self.line(f"for (int c = 0; c < {dv}; c++) o[c] = 0.0f;")
         j = att.var.name
-        self.open(f"for (int {j} = 0; {j} < {att.size}; {j}++)", (j,))
+        for load, (name, width, w) in self._row_loads(att).items():  # the query's row, read once
+            self.line(f"float {name}[{width}];")
+            self.open(f"for (int {w} = 0; {w} < {width}; {w}++)", (w,))
+            self.line(f"{name}[{w}] = {self.load(load)};")
+            self.close()
+            self.staged[load] = f"{name}[{w}]"
+        if staged:
+            bj = max(1, min(ATTENTION_TILE, att.size,
+                            SHARED_FLOATS // sum(width for _, width, _ in staged.values())))
+            for smem, width, _ in staged.values():
+                self.shared[smem] = f"{d.shared}{d.shared_align} float {smem}[{bj * width}];"
+            self.open(f"for (int jt = 0; jt < {att.size}; jt += {bj})")
+            for load, (smem, width, w) in staged.items():
+                self.open(f"for (int q = lid; q < {bj * width}; q += {t})")
+                self.bind(j, f"jt + q / {width}")
+                self.bind(w, f"q % {width}")
+                self.line(f"{smem}[q] = {j} < {att.size} ? {self.load(load)} : 0.0f;")
+                self.close()
+            self.line(d.barrier)
+            self.open(f"for (int jj = 0; jj < {bj} && jt + jj < {att.size}; jj++)")
+            self.bind(j, "jt + jj")
+            self.staged |= {load: f"{smem}[jj * {width} + {w}]" for load, (smem, width, w) in staged.items()}
+        else:
+            self.open(f"for (int {j} = 0; {j} < {att.size}; {j}++)", (j,))
         x = self.emit(att.x)
         exp2, log2e = d.math["exp2"], self.literal(att.scale, DType.float32)
         # a NaN score leaves the max alone and makes its term NaN; a row of -inf so far shifts by 0
@@ -487,12 +521,50 @@ class _Emitter:
         self.line(f"o[{last}] = o[{last}] * al + p * {self.emit(att.v)};")
         self.close()
         self.close()
+        self.staged = {}
+        if staged:
+            self.line(d.barrier)  # the tile is read by all before the next is staged
+            self.close()
         dead = f"m == -{d.inf} ? 0.0f : " if att.safe else ""
         self.line(f"const float inv = {dead}1.0f / l;")
         self.open(f"for (int {last} = 0; {last} < {dv}; {last}++)", (last,))
         self.store(f"o[{last}] * inv")
         self.close()
         self.close()
+
+    def _row_loads(self, att: Any) -> dict[Load, tuple[str, int, str]]:
+        """The loads of the scores that read the row's own values along a reduction, not the key (the
+        query's row): load -> (a private array, its width, the reduction's variable), read once per
+        row rather than once per key, where the row is at most ROW_FLOATS long."""
+        sizes = {r.var.name: r.size for r in reduces(att.x)}
+        out = {}
+        for load in dict.fromkeys(loads(att.x)):
+            reads = free_vars(load, self.fv)
+            along = [v for v in reads if v in sizes]
+            if att.var.name not in reads and len(along) == 1 and sizes[along[0]] <= ROW_FLOATS \
+                    and load.buffer not in self.packed and load.dtype is DType.float32:
+                out[load] = (f"row{len(out)}", sizes[along[0]], along[0])
+        return out
+
+    def _staged_loads(self, att: Any, rows: int, t: int, extents: dict[str, int]) -> dict[Load, tuple]:
+        """The loads of the scores and values that every row of a group reads alike, for a key j:
+        load -> (shared array, its width, the other variable it reads along). Such a load reads
+        along j and one other variable (a score's reduction, or the output's column) besides the
+        row axes that are the same throughout a group (those whose inner axes hold a multiple of t
+        rows). None where the rows do not fill whole groups, or a load is packed."""
+        shape = self.k.shape[:-1]
+        uniform = {f"i{a}" for a in range(len(shape)) if math.prod(shape[a + 1:]) % t == 0}
+        if rows % t or not uniform:
+            return {}
+        extents = {**extents, **{r.var.name: r.size for r in reduces(att.x)}}
+        out = {}
+        for load in dict.fromkeys([*loads(att.x), *loads(att.v)]):
+            along = free_vars(load, self.fv) - uniform - {att.var.name}
+            if att.var.name in free_vars(load, self.fv) and len(along) == 1 and next(iter(along)) in extents \
+                    and load.buffer not in self.packed and load.dtype is DType.float32:
+                w = next(iter(along))
+                out[load] = (f"kv{len(out)}", extents[w], w)
+        return out
 
     def _tile(self) -> None:
         """Each group a TM x TN tile over TK-deep slices staged in shared memory, each thread a
