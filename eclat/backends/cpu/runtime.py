@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -183,9 +184,10 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     that split the columns of a product write a line of every row in common, and at 2 threads a
     512 x 224 product's output took 65 us against 31 on a line (44 on one thread)."""
     dtype = np.dtype(dtype)
-    raw = np.empty(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + raw.size - ALIGN].view(dtype).reshape(shape)
+    size = math.prod(shape) * dtype.itemsize  # math.prod and _data: 1.4 us a call, numpy's ways 4.9
+    raw = np.empty(size + ALIGN, np.uint8)
+    start = -_data(raw) % ALIGN
+    return raw[start:start + size].view(dtype).reshape(shape)
 
 
 @dataclass(frozen=True)
