@@ -91,6 +91,10 @@ def test_a_fast_search_times_each_grouping_at_least_once():
     assert chosen([(5, True), (1, True), (3, True), (4, True), (2, True), (100, False)]) == [1, 4, 2, 5]
     assert chosen([(1, True), (2, False), (3, True), (4, False), (5, True)]) == [0, 1, 2, 3]
     assert chosen([(5, False), (1, False)]) == [1, 0]
+    # asked for attention in one kernel, only candidate 3 has one: it is timed too
+    found = [Candidate({"candidate": n, "fused": True, "attention": n == 3}, us, None)
+             for n, us in enumerate([1, 2, 3, 9, 4])]
+    assert [c.schedule["candidate"] for c in pipeline._spread(found, 2)] == [0, 3]
 
 
 class Affine(torch.nn.Module):

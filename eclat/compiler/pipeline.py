@@ -48,7 +48,7 @@ from . import derived, program_cache
 from . import tune as tuning
 from .buckets import Bucket, SizeBuckets, inputs_at, representatives, sizes_of
 from .group import copies_windows, group
-from .kernel import Program, at_sizes, bytes_moved, flops
+from .kernel import Program, as_attention, at_sizes, bytes_moved, flops
 from .model import CompiledModel
 from .phases import phase, recording
 from .quantize import accuracy, check_mode, quantize
@@ -418,8 +418,9 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
             errors.append(f"candidate {c.schedule['candidate']}: {type(e).__name__}: {e}")
             raise
 
-    cands = [Candidate({"candidate": n, "fused": fused}, estimate, program)
-             for estimate, n, fused, program in programs]
+    cands = [Candidate({"candidate": n, "fused": fused,
+                        "attention": any(as_attention(k) is not None for k in program.kernels)},
+                       estimate, program) for estimate, n, fused, program in programs]
     offered = cands if mode == "full" else _spread(cands, FAST_CANDIDATES)
     stats = CandidateStats(len(candidates), failed=errors)
     try:
@@ -438,12 +439,15 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
 
 def _spread(cands: list[Candidate], n: int) -> list[Candidate]:
     """The n candidates a fast search times: the best estimate of each grouping (attention in one
-    kernel, and not) first, then the next best estimates. An estimate can miss what a grouping
-    does (a cache's update inlined into an attention that then ran as plain loops, 100x slower
-    than estimated), so each grouping is measured at least once."""
+    kernel or not asked for, and found or not) first, then the next best estimates. An estimate can
+    miss what a grouping does (a cache's update inlined into an attention that then ran as plain
+    loops, 100x slower than estimated), so each grouping is measured at least once: asked for, the
+    attention may not be found (GPT-2 over run-time lengths: only the candidate that stores its
+    causal mask has one to fuse, and it was never timed)."""
     ordered = sorted(cands, key=lambda c: c.estimate_us)
-    firsts = {id(next(c for c in ordered if c.schedule["fused"] == f)): None
-              for f in dict.fromkeys(c.schedule["fused"] for c in ordered)}
+    grouping = lambda c: (c.schedule["fused"], c.schedule.get("attention", False))  # noqa: E731
+    firsts = {id(next(c for c in ordered if grouping(c) == f)): None
+              for f in dict.fromkeys(grouping(c) for c in ordered)}
     rest = [c for c in ordered if id(c) not in firsts]
     keep = set(firsts) | {id(c) for c in rest[:max(0, n - len(firsts))]}
     return [c for c in ordered if id(c) in keep]
