@@ -215,17 +215,24 @@ def test_rows_in_flight_a_few_at_a_time(monkeypatch):
 
 class CausalFromLength(torch.nn.Module):
     """Attention whose causal mask (and, optionally, a cache's offset) is built from the lengths of
-    the call, as a model with dynamic_shapes computes it."""
+    the call, as a model with dynamic_shapes computes it: filled in, or added (transformers' way,
+    where the blocks below the diagonal add 0 throughout and run without the mask)."""
+
+    def __init__(self, added: bool = False):
+        super().__init__()
+        self.added = added
 
     def forward(self, q, k, v):
         t, s = q.shape[-2], k.shape[-2]
         i, j = torch.arange(t)[:, None] + (s - t), torch.arange(s)[None, :]
         scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if self.added:
+            return torch.softmax(scores + torch.where(j > i, -math.inf, 0.0), -1) @ v
         return torch.softmax(scores.masked_fill(j > i, -math.inf), -1) @ v
 
 
-@pytest.mark.parametrize("state_rows", [4096, 12])
-def test_one_kernel_over_run_time_numbers_of_queries_and_keys(monkeypatch, state_rows):
+@pytest.mark.parametrize("state_rows,added", [(4096, False), (12, False), (4096, True)])
+def test_one_kernel_over_run_time_numbers_of_queries_and_keys(monkeypatch, state_rows, added):
     """Attention compiled once with the query and key lengths known at run time runs as one kernel
     at every length: rows in blocks and one by one, keys in whole blocks and a partial one, rows
     in flight in turns (STATE_FLOATS made small)."""
@@ -234,7 +241,7 @@ def test_one_kernel_over_run_time_numbers_of_queries_and_keys(monkeypatch, state
     import eclat.backends.cpu.attention as cpu_attention
 
     monkeypatch.setattr(cpu_attention, "STATE_FLOATS", state_rows)
-    model = CausalFromLength().eval()
+    model = CausalFromLength(added).eval()
     t, s = Dim("t", min=1, max=160), Dim("s", min=1, max=300)
     example = (torch.randn(1, H, 9, D), torch.randn(1, H, 20, D), torch.randn(1, H, 20, D))
     compiled = eclat.compile(model, example, autotune="none", quiet=True, k=1,

@@ -215,17 +215,19 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
     """The machine runs fast (x0.7) for the first timing only. The first timings alone would pick
     candidate 0 (7 against 8 and 9); the survivors timed again in turns pick the truly fastest,
     candidate 1. A candidate that fails to run in the race is left out of it."""
+    from types import SimpleNamespace
+
     cost = {"p0": 10.0, "p1": 8.0, "p2": 9.0, "p3": 1.0}
     calls = []
 
     def fake_time(exe, arrays):
-        if exe == "p3" and calls.count("p3"):
+        if exe.name == "p3" and calls.count("p3"):
             raise RuntimeError("it ran off the end of a buffer")
-        calls.append(exe)
-        return (cost[exe] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe == "p3")) * 1e6
+        calls.append(exe.name)
+        return (cost[exe.name] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe.name == "p3")) * 1e6
 
     def programs(candidates, device, threads, target, errors, shapes=None, enough=None):
-        return [(0.0, n, True, f"p{n}") for n in range(4)]
+        return [(0.0, n, True, SimpleNamespace(name=f"p{n}", kernels=[])) for n in range(4)]
     monkeypatch.setattr(pipeline, "_programs", programs)
     monkeypatch.setattr(pipeline, "verified_build", lambda program, *args: program)
     monkeypatch.setattr(pipeline, "_sample_us", fake_time)

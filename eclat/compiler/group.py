@@ -303,34 +303,44 @@ def _attend_of(old: Node, lhs: Node, v: Node, users: dict[int, int]) -> Node | N
     if to_expr(valid) != Num(1) or at[axis] != idxs[-1] or \
             any(j in variables(e) for a, e in enumerate(at) if a != axis):
         return None
-    products = _score_products(x)
-    if products is None:
+    found = _score_products(x)
+    if found is None:
         return None
-    swap = {id(p): _buffered_operands(p) for p in products}
+    products, stored = found
+    swap = {id(p): _buffered_operands(p) for p in products} | {id(r): _buffered(r) for r in stored}
     v = _buffered(v)  # as rewrites.composites.attend makes it (importing it would need egglog)
     shape = (*lhs.shape[:-1], v.shape[-1])
     return Node("attend", (_substituted(x, swap), v), (axis, vp, safe), shape, x.dtype)
 
 
-def _score_products(x: Node) -> list[Node] | None:
+def _score_products(x: Node) -> tuple[list[Node], list[Node]] | None:
     """The products x computes (at most one: a matmul or the sum it decomposes into), through
-    elementwise ops, gathers and unmasked views down to leaves and buffers; None where x is anything
-    else (another reduction, a padded view). A gather builds masks: transformers takes a causal mask's
-    positions from an arange by index, wrapped where negative."""
-    products, stack, seen = [], [x], set()
+    elementwise ops, gathers and unmasked views down to leaves and buffers, and the reductions it
+    reads that read no product (a causal mask's positions summed over an arange, as transformers
+    builds them over run-time lengths), which are stored before the attention, computed once rather
+    than per score; None where x is anything else (another reduction, a padded view). A gather
+    builds masks: transformers takes a causal mask's positions from an arange by index, wrapped
+    where negative."""
+    products, stored, stack, seen = [], [], [x], set()
     while stack:
         n = stack.pop()
         if id(n) in seen or n.op in ("input", "weight", "const", "iota", "contiguous"):
             continue
         seen.add(id(n))
-        if n.op == "matmul" or _sum_as_matmul(n, list(n.srcs)) is not None:
+        if _is_product(n):
             products.append(n)
         elif n.kind in ("unary", "binary", "ternary") or n.op in ("fma", "gather") or \
                 n.kind == "view" and n.arg.mask is None:
             stack.extend(n.srcs)
+        elif n.kind == "reduce" and not _count(n) and not any(_is_product(m) for m in _cone(n)):
+            stored.append(n)
         elif not _count(n):
             return None
-    return products if len(products) <= 1 else None
+    return (products, stored) if len(products) <= 1 else None
+
+
+def _is_product(n: Node) -> bool:
+    return n.op == "matmul" or _sum_as_matmul(n, list(n.srcs)) is not None
 
 
 def _count(n: Node) -> bool:

@@ -181,8 +181,9 @@ class AttentionEmitter(KernelEmitter):
         return None
 
     def _fill_mask_table(self) -> None:
-        """live[row block, key block] = whether the run-time mask lets any score of the block
-        through (not -inf: a NaN mask counts as live), before the heads run."""
+        """live[row block, key block] = whether the run-time mask hides every score of the block
+        (HIDDEN: -inf throughout; a NaN counts as live), is 0 throughout it (UNMASKED: the scores
+        need no mask, as below a causal mask's diagonal), or neither (LIVE), before the heads run."""
         b, bj = self.b, self.bj
         rows, keys = self.sym(self.n_rows), self.sym(self.att.size)
         self.n_jb = -(-upper(self.att.size) // bj)
@@ -201,10 +202,16 @@ class AttentionEmitter(KernelEmitter):
 
                     def key(jj: ir.Value, acc2: list) -> list:
                         self.scope.bind(self.att.var.name, last(b.mul(jb, i64(bj)), jj, keys))
-                        seen = b.zext(b.fcmp_unordered("!=", self.emit(self.mask), inf), I8)
-                        return [b.or_(acc2[0], seen)]
+                        with self.scope.nested():
+                            m = self.emit(self.mask)
+                        seen = b.zext(b.fcmp_unordered("!=", m, inf), I8)
+                        zero = b.zext(b.fcmp_ordered("==", m, ir.Constant(F32, 0.0)), I8)
+                        return [b.or_(acc2[0], seen), b.and_(acc2[1], zero)]
                     return self.loop(i64(0), i64(bj), acc, key)
-                (flag,) = self.loop(i64(0), i64(self.rows), [ir.Constant(I8, 0)], row, hint=False)
+                seen, zero = self.loop(i64(0), i64(self.rows), [ir.Constant(I8, 0), ir.Constant(I8, 1)], row,
+                                       hint=False)
+                flag = b.select(b.icmp_signed("!=", zero, ir.Constant(I8, 0)), ir.Constant(I8, UNMASKED),
+                                b.mul(seen, ir.Constant(I8, LIVE)))
                 b.store(flag, b.gep(self.table, [b.add(b.mul(rb, i64(self.n_jb)), jb)], source_etype=I8))
                 return []
             self.loop(i64(0), b.sdiv(b.add(keys, i64(bj - 1)), i64(bj)), [], key_block, hint=False)
@@ -330,25 +337,25 @@ class AttentionEmitter(KernelEmitter):
         self.loop(i64(0), rows, [], finish, hint=False)
 
     def _live(self, r0: ir.Value, jb: ir.Value, nr: int, j0: ir.Value, nb: ir.Value) -> None:
-        """_rows, unless the live-block table says the mask hides the block throughout; without the
-        mask where it is 0 throughout the block."""
+        """_rows, unless the live-block table (a constant mask's, or the run-time mask's filled per
+        call) says the mask hides the block throughout; without the mask where it is 0 throughout
+        the block."""
         b = self.b
         if self.mask is not None:
             at = b.add(b.mul(b.sdiv(r0, i64(self.rows)), i64(self.n_jb)), jb)
-            flag = b.load(b.gep(self.table, [at], source_etype=I8), typ=I8)
-            with b.if_then(b.icmp_signed("!=", flag, ir.Constant(I8, 0))):
-                self._rows(r0, nr, j0, nb)
-            return
-        if self.live is None:
+            table, mask = self.table, self.mask
+        elif self.live is not None:
+            n_rb, n_jb = -(-self.n_rows // self.rows), -(-self.att.size // self.bj)
+            head = self.sym(ravel([self.vars_[a] for a in self.heads], [self.k.shape[a] for a in self.heads]))
+            at = b.add(b.mul(b.add(b.mul(head, i64(n_rb)), b.sdiv(r0, i64(self.rows))), i64(n_jb)), jb)
+            table, mask = self.ptr[self.live], self.constant_mask
+        else:
             self._rows(r0, nr, j0, nb)
             return
-        n_rb, n_jb = -(-self.n_rows // self.rows), -(-self.att.size // self.bj)
-        head = self.sym(ravel([self.vars_[a] for a in self.heads], [self.k.shape[a] for a in self.heads]))
-        at = b.add(b.mul(b.add(b.mul(head, i64(n_rb)), b.sdiv(r0, i64(self.rows))), i64(n_jb)), jb)
-        flag = b.load(b.gep(self.ptr[self.live], [at], source_etype=I8), typ=I8)
+        flag = b.load(b.gep(table, [at], source_etype=I8), typ=I8)
         with b.if_else(b.icmp_signed("==", flag, ir.Constant(I8, UNMASKED))) as (unmasked, other):
             with unmasked, self.scope.nested():
-                self.scope.remember(self.constant_mask, ir.Constant(F32, 0.0))
+                self.scope.remember(mask, ir.Constant(F32, 0.0))  # an addend of the scores
                 self._rows(r0, nr, j0, nb)
             with other, self.scope.nested(), b.if_then(b.icmp_signed("!=", flag, ir.Constant(I8, HIDDEN))):
                 self._rows(r0, nr, j0, nb)
