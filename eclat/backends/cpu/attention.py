@@ -192,24 +192,29 @@ class AttentionEmitter(KernelEmitter):
             if self.k.shape[a] == 1:
                 self.scope.bind(self.vars_[a].name, i64(0))
         inf = ir.Constant(F32, -math.inf)
-        last = lambda first, n, limit: b.select(b.icmp_signed("<", b.add(first, n), limit),
-                                                b.add(first, n), b.sub(limit, i64(1)))
+        # a block's own rows and keys (the last ones partial: a few tokens' blocks are mostly empty)
+        within = lambda first, n, limit: b.select(b.icmp_signed("<", b.add(first, i64(n)), limit),  # noqa: E731
+                                                  i64(n), b.sub(limit, first))
 
         def row_block(rb: ir.Value, _a: list) -> list:
+            r0 = b.mul(rb, i64(self.rows))
+
             def key_block(jb: ir.Value, _b: list) -> list:
+                j0 = b.mul(jb, i64(bj))
+
                 def row(r: ir.Value, acc: list) -> list:
-                    self._bind_row(last(b.mul(rb, i64(self.rows)), r, rows))
+                    self._bind_row(b.add(r0, r))
 
                     def key(jj: ir.Value, acc2: list) -> list:
-                        self.scope.bind(self.att.var.name, last(b.mul(jb, i64(bj)), jj, keys))
+                        self.scope.bind(self.att.var.name, b.add(j0, jj))
                         with self.scope.nested():
                             m = self.emit(self.mask)
                         seen = b.zext(b.fcmp_unordered("!=", m, inf), I8)
                         zero = b.zext(b.fcmp_ordered("==", m, ir.Constant(F32, 0.0)), I8)
                         return [b.or_(acc2[0], seen), b.and_(acc2[1], zero)]
-                    return self.loop(i64(0), i64(bj), acc, key)
-                seen, zero = self.loop(i64(0), i64(self.rows), [ir.Constant(I8, 0), ir.Constant(I8, 1)], row,
-                                       hint=False)
+                    return self.loop(i64(0), within(j0, bj, keys), acc, key)
+                first = [ir.Constant(I8, 0), ir.Constant(I8, 1)]  # none seen, every one 0
+                seen, zero = self.loop(i64(0), within(r0, self.rows, rows), first, row, hint=False)
                 flag = b.select(b.icmp_signed("!=", zero, ir.Constant(I8, 0)), ir.Constant(I8, UNMASKED),
                                 b.mul(seen, ir.Constant(I8, LIVE)))
                 b.store(flag, b.gep(self.table, [b.add(b.mul(rb, i64(self.n_jb)), jb)], source_etype=I8))
