@@ -1,13 +1,13 @@
 """Programs per size bucket: one compile with run-time sizes, a program searched for each range.
 
 A program with run-time sizes is searched at the example's sizes. Far from them other schedules
-or another candidate can be faster: an encoder searched at 16 tokens ran 512 tokens 1.35x slower
+or another candidate can be faster: an encoder searched at 16 tokens ran 512 tokens 1.33x slower
 than with the schedules a search at 256 picks. So the compile also searches at the sizes' ends
 (`representatives`), and keeps a bucket's program only where it beat the example's at those sizes,
 raced by the search. A call runs the program searched nearest its sizes (`SizeBuckets`, by the
 ratio of sizes). The least sizes (one token, one row: a common call) may also get a program of
-their own with every size a constant (`exact`), which the same encoder ran 1.8x faster at one
-token than its program for every size did."""
+their own with every size a constant (`exact`): the same encoder's ran one token in 16 us against
+22 for its program for every size."""
 
 from __future__ import annotations
 
