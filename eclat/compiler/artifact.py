@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import ArtifactError, EclatError
 from ..ir.graph import State
 from ..ir.symbolic import Expr, evaluate
-from .buckets import Bucket, SizeBuckets
+from .buckets import Bucket, SizeBuckets, merge_weights
 from .encoding import decode_program, encode_program
 from .kernel import Buffer, Program, loads, numel_bound
 from .memplan import MemoryPlan
@@ -293,9 +293,8 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
         except NotImplementedError as e:
             raise ArtifactError(f"cannot save {where}: {e}") from None
         mine = _stored_weights(bucket_program, section.reads, backend.optional_weights(bucket_program), where)
-        if any(name in weights and not np.array_equal(weights[name], a) for name, a in mine.items()):
-            continue  # a name held with other contents (never expected): the example's program serves
-        weights |= mine
+        if not merge_weights(weights, mine):
+            continue  # the example's program serves its sizes
         files |= {prefix + name: data for name, data in section.files.items()}
         sections.append((part, prefix, section.native))
     states = model.state_specs
@@ -314,7 +313,6 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
                 manifest["sizes"] = parts[0].sizes
                 manifest["buckets"] = [
                     {"sizes": part.sizes, "exact": part.exact, "prefix": prefix, "native": native,
-                     "device": native.get("device"),
                      "program": encode_program(part.executable.program),
                      "memory_plan": _plan_json(getattr(part.executable, "plan", None))}
                     for part, prefix, native in sections[1:]]
@@ -530,7 +528,7 @@ class _Part:
         if not isinstance(prefix, str) or not prefix.startswith("bucket") or not prefix.endswith("/"):
             raise ValueError(f"bucket folder {prefix!r}")
         self.path, self._art, self._prefix = art.path, art, prefix
-        self.manifest = {**art.manifest, **entry}
+        self.manifest = {**art.manifest, **entry, "device": entry["native"].get("device")}
 
     def has(self, name: str) -> bool:
         return self._art.has(self._prefix + name)

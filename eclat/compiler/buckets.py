@@ -120,3 +120,14 @@ def inputs_at(specs: list[tuple], arrays: list[np.ndarray], sizes: dict[str, int
 def sizes_of(input_shapes: list[tuple], arrays: list[np.ndarray]) -> dict[str, int]:
     """The run-time sizes of a call with arrays."""
     return bind_sizes([dims(s) for s in input_shapes], [a.shape for a in arrays])
+
+
+def merge_weights(weights: dict[str, np.ndarray], mine: dict[str, np.ndarray]) -> bool:
+    """Add a bucket's weights to those stored (once by name) for every bucket; False, adding none,
+    where a name is held with other contents (candidates name what they fold by its contents, so
+    never expected: that bucket is then not stored)."""
+    if any(name in weights and not (weights[name] is a or np.array_equal(weights[name], a))
+           for name, a in mine.items()):
+        return False
+    weights.update(mine)
+    return True

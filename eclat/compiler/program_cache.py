@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import Graph
+from .buckets import merge_weights
 from .encoding import decode_program, encode_program
 from .kernel import Program
 from .tensorfile import write_tensors
@@ -45,7 +46,8 @@ def write(path: Path, program: Program, tuned: bool, report: dict[str, Any],
     (sizes, program, tuned, exact) each). The inputs' and outputs' structure is not kept: the next compile
     lowers the model again."""
     weights = {b.name: b.data for b in program.buffers.values() if b.data is not None}
-    kept = [b for b in buckets if _add_weights(weights, b[1])]
+    kept = [b for b in buckets if merge_weights(weights, {w.name: w.data for w in b[1].buffers.values()
+                                                          if w.data is not None})]
     meta = json.dumps({"program": encode_program(program), "tuned": tuned, "report": report,
                        "buckets": [{"sizes": sizes, "program": encode_program(p), "tuned": t, "exact": e}
                                    for sizes, p, t, e in kept]}).encode()
@@ -60,17 +62,6 @@ def write(path: Path, program: Program, tuned: bool, report: dict[str, Any],
         trim(path.parent)
     except (OSError, TypeError, ValueError):
         pass
-
-
-def _add_weights(weights: dict[str, np.ndarray], program: Program) -> bool:
-    """Add program's weights to weights, stored once by name; False (adding none) where a name is
-    held with other contents (candidates name what they fold by its contents, so never expected)."""
-    mine = {b.name: b.data for b in program.buffers.values() if b.data is not None}
-    if any(name in weights and not (weights[name] is a or np.array_equal(weights[name], a))
-           for name, a in mine.items()):
-        return False
-    weights.update(mine)
-    return True
 
 
 def read(path: Path, schedule_from: Any) -> tuple[Program, bool, dict[str, Any], list] | None:
