@@ -15,8 +15,8 @@ from ...ir.symbolic import bind_sizes, evaluate, sint, var_list
 def isolate(program: Program, kernel: Kernel) -> Program:
     """A program running only kernel: what it reads becomes inputs (weights stay weights), flat. Over
     run-time sizes each input keeps its size (a program input's, or the kernel's that writes it), so
-    that the kernel is timed as the code that runs, reading its sizes at run time; where an input's
-    size cannot be read off (a product of two sizes), the sizes are constants of the caller's."""
+    that the kernel is timed as the code that runs, reading its sizes at run time (`_reads_sizes`
+    says where it cannot)."""
     read = sorted({x.buffer for x in loads(kernel.body)} - {kernel.out})
     buffers: dict[str, Buffer] = {}
     for name in read:
@@ -28,8 +28,6 @@ def isolate(program: Program, kernel: Kernel) -> Program:
     flat = _flat_shapes(program) if program.sizes else {}
     shapes = [(flat.get(n, buffers[n].numel),) for n in ins]
     sizes = tuple(v for v in program.sizes if any(v in var_list(s[0]) for s in shapes))
-    if mentioned_sizes(kernel) - {v.name for v in sizes}:
-        shapes, sizes = [(buffers[n].numel,) for n in ins], ()
     return Program(buffers, [kernel], ins, [kernel.out], shapes, [(flat.get(kernel.out, out.numel),)],
                    sizes=sizes)
 
@@ -41,8 +39,9 @@ def _flat_shapes(program: Program) -> dict[str, sint]:
 
 
 def _reads_sizes(sub: Program, sizes: dict[str, int]) -> bool:
-    """Whether sub reads its run-time sizes off its inputs' shapes, and reads them as sizes has them."""
-    if not sub.sizes:
+    """Whether sub reads every run-time size its kernel mentions off its inputs' shapes, and reads
+    them as sizes has them (not where a size is in no input, or only in a product of two)."""
+    if not sub.sizes or mentioned_sizes(sub.kernels[0]) - {v.name for v in sub.sizes}:
         return False
     try:
         got = bind_sizes(sub.input_shapes, [(int(evaluate(s[0], sizes)),) for s in sub.input_shapes])
