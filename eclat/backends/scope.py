@@ -59,8 +59,13 @@ class Scope(Generic[V]):
             self.pop()
 
     def bind(self, name: str, value: V) -> None:
-        """Bind the index variable name to value in the innermost block."""
-        self._layers[-1][0][name] = value
+        """Bind the index variable name to value in the innermost block. Rebinding it there
+        forgets what the block remembered: those values may have been computed from the old one
+        (a GEMV's unrolled steps of k read the right operand at each step)."""
+        vars_, memo = self._layers[-1]
+        if name in vars_ and vars_[name] != value:
+            memo.clear()
+        vars_[name] = value
 
     def var(self, name: str) -> V:
         """The value of index variable name (the innermost binding); KeyError if unbound."""
