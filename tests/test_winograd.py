@@ -153,9 +153,39 @@ def test_an_artifact_of_a_winograd_program_loads_and_runs(tmp_path):
 
 def test_a_winograd_program_on_two_threads():
     torch.manual_seed(0)
-    model = _ConvBlock(24, 32, bias=True).eval()
-    x = torch.randn(2, 24, 17, 13)
+    model = _ConvBlock(64, 64, bias=True).eval()  # channels enough that Winograd is the cheaper form
+    x = torch.randn(2, 64, 29, 27)
     compiled = eclat.compile(model, (x,), autotune="none", threads=2, quiet=True)
     assert any("winograd" in k.name for k in compiled.executable.program.kernels)
     with torch.no_grad():
         np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_candidates_that_run_the_same_kernels_are_one_substance_and_come_last(monkeypatch):
+    """The e-graph's candidates are its cheapest programs of distinct substance first. Programs that
+    differ only in elementwise expressions (a BatchNorm's scale as Fma or as Mul and Add) or in what
+    is computed at compile time run the same kernels: one substance (before, such programs filled
+    the list and the search timed one program several times). Products merged or not are two."""
+    from eclat import rewrites
+    from eclat.frontend.lower import lower
+    from eclat.rewrites import extract
+    from tests.test_merge import SiluMLP
+
+    seen: list[list[frozenset]] = []
+    ids: dict = {}
+
+    def recording(data, cost, k, **options):
+        out = extract.candidates(data, cost, k, **options)
+        seen.append([extract._substance(data, c, ids) for c in out])
+        return out
+    monkeypatch.setattr(rewrites, "candidates", recording)
+    torch.manual_seed(0)
+    model = _ConvBlock(32, 32).eval()
+    model.bn.running_var.uniform_(0.5, 2)
+    conv = rewrites.optimize(lower(model, (torch.randn(1, 32, 28, 28),)), "cpu", k=4)
+    mlp = rewrites.optimize(lower(SiluMLP().eval(), (torch.randn(1, 32),)), "cpu", k=4)
+    (conv_subs, mlp_subs) = seen
+    assert any("Fma" in d for d in conv.stats["differs"]) and len(set(conv_subs)) == 1
+    assert mlp_subs[0] != mlp_subs[1], mlp.stats["differs"]  # merged, then not
+    firsts = [j for j, s in enumerate(mlp_subs) if s not in mlp_subs[:j]]
+    assert firsts == list(range(len(firsts)))  # the distinct ones lead

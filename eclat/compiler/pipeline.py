@@ -343,6 +343,7 @@ def _candidates(graph: Graph, target: str, k: int, device: Any = None) -> tuple[
 
     roof = CPU if device is None else Roofline(device.gflops("float32") * 1e9, device.peak_gbps * 1e9,
                                                device.launch_overhead_us * 1e-6)
+    roof = dataclasses.replace(roof, windows_in_place="windows" in get_target(target).fused)
     with phase("e-graph"):
         opt = rewrites.optimize(graph, target, k, roof=roof)
     shared = Shared()  # one array per folded value, whichever candidates hold it

@@ -222,6 +222,10 @@ class Roofline:
     flops: float = 1e11
     bandwidth: float = 2e10
     launch: float = 1e-6
+    # the target's products read an im2col's windows in place (the CPU packs each panel of patches
+    # from the input as it goes): the patches are never written to memory and read back, only
+    # gathered once (measured on an AVX-512 Xeon: 1x to 3x the memory bandwidth per byte of patches)
+    windows_in_place: bool = False
 
     def time(self, flops: float, nbytes: float, kernel: bool = True) -> float:
         """Nanoseconds: max(compute, memory) plus a launch where the node is a kernel of its own."""
@@ -291,6 +295,8 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False, roof: Roofli
         if c not in data.info or any(k not in data.info for k in kids):
             return math.inf
         if node[0] == "Contiguous":
+            if kids[0] in windows and roof.windows_in_place:
+                return roof.time(0.0, numel(data.info[c][0]) * data.info[c][1].itemsize)
             copy = kids[0] in leaves and kids[0] not in windows
             return node_cost(node, data.info[c], [], attrs, roof) + (COPY if copy else 0.0)
         if n in data.folded:
@@ -479,8 +485,11 @@ def _alternatives(data: EGraphData, cost: list[float], first: dict[int, int], to
     for n, c in enumerate(data.node_class):
         if c in first:
             members.setdefault(c, []).append(n)
+    run = _run_time(data, first)
     kinds: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
     for c, chosen in first.items():
+        if c not in run:  # computed at compile time (or only for such a value): the same program
+            continue
         base = max(totals.get(c, 0.0), 1e-3)
         same = _key(data, chosen)
         for n in members[c]:
@@ -490,11 +499,49 @@ def _alternatives(data: EGraphData, cost: list[float], first: dict[int, int], to
             est = cost[n] + sum(totals[k] for k in set(data.children[n]))
             if est <= factor * base:
                 kinds.setdefault((data.nodes[chosen][0], data.nodes[n][0]), []).append((est / base, c, n))
-    queues = sorted((sorted(q) for q in kinds.values()), key=lambda q: q[0][0])
+    # kinds that change what runs (an algorithm, a kernel boundary) before elementwise rewordings
+    queues = sorted((sorted(q) for q in kinds.values()),
+                    key=lambda q: (not _substantial(data, q[0][2], first[q[0][1]]), q[0][0]))
     out = []
     for rank in range(max((len(q) for q in queues), default=0)):
         out += [(c, n) for q in queues if rank < len(q) for _, c, n in [q[rank]]]
     return out
+
+
+def _substantial(data: EGraphData, n: int, m: int) -> bool:
+    """Whether choosing node n for m's class changes more than an elementwise expression."""
+    return not {data.nodes[n][0], data.nodes[m][0]} <= ELEMENTWISE
+
+
+def _run_time(data: EGraphData, choice: dict[int, int]) -> set[int]:
+    """The classes choice computes at run time (not folded at compile time, nor read only by
+    what is)."""
+    return {c for c in _order(data, choice) if choice[c] not in data.folded}
+
+
+def _substance(data: EGraphData, choice: dict[int, int], ids: dict[tuple, int]) -> frozenset:
+    """What a program runs, up to its elementwise expressions (Fma or Mul and Add) and the weights
+    it reads (a BatchNorm's scale folded one way or another): the structure of its products,
+    reductions, composites, views and kernel boundaries, each numbered by its structure, not its
+    e-class (two classes may hold one product of two foldings of a weight). Candidates equal in
+    substance time alike. ids: structure -> its number, shared by the programs compared."""
+    run = _run_time(data, choice)
+    key: dict[int, object] = {}  # class -> "w" (a weight), a frozenset (elementwise), or a number
+    for c in reversed(_order(data, choice)):
+        n = choice[c]
+        ctor = data.nodes[n][0]
+        if c not in run or ctor in ("Leaf", "Fill"):
+            key[c] = "w"
+        elif ctor in ELEMENTWISE:  # the structures it combines, through any elementwise ops
+            parts: set = set()
+            for k in data.children[n]:
+                parts |= key[k] if isinstance(key[k], frozenset) else {key[k]} - {"w"}
+            key[c] = frozenset(parts)
+        else:
+            kinds = CTORS[ctor][1]
+            shape = (ctor, *(key[a] if kind == "T" else a for kind, a in zip(kinds, data.nodes[n][1:])))
+            key[c] = ids.setdefault(shape, len(ids))
+    return frozenset(Counter(k for k in key.values() if isinstance(k, int)).items())
 
 
 def _key(data: EGraphData, n: int) -> tuple:
@@ -542,12 +589,23 @@ def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0, sprea
         return []
     fixed: dict[int, int] = {}
     best = dag_cost(data, cost, first)
-    for c, n in _alternatives(data, cost, first, totals, factor)[:3 * max(k, 2) if tries is None else tries]:
+    alternatives = _alternatives(data, cost, first, totals, factor)
+    for c, n in alternatives[:3 * max(k, 2) if tries is None else tries]:
         if deadline():
             break
         choice = add(forcing({**fixed, c: n}), 4)
         if choice is not None and dag_cost(data, cost, choice) < best - 1e-9:
             fixed[c], best = n, dag_cost(data, cost, choice)
+    # each kind of substantial choice taken everywhere at once (every 3x3 convolution direct
+    # rather than Winograd): one flip at a time, a program of many layers barely differs
+    kinds: dict[tuple[str, str], dict[int, int]] = {}
+    for c, n in alternatives:
+        if _substantial(data, n, first[c]):
+            kinds.setdefault((data.nodes[first[c]][0], data.nodes[n][0]), {}).setdefault(c, n)
+    for together in [group for group in kinds.values() if len(group) > 1][:k]:
+        if deadline():
+            break
+        add(forcing({**fixed, **together}), 4)
     # materialise the values the first program recomputes most: one at a time, then together
     shared = _recomputed(data, cost, first, contiguous)[:max(1, k // 2)] if k > 1 else []
     for group in [[c] for c in shared] + ([shared] if len(shared) > 1 else []):
@@ -561,7 +619,14 @@ def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0, sprea
         if len(found) >= k or deadline():
             break
         add([c * math.exp(rng.gauss(0.0, spread)) for c in forcing(fixed)], 2)
-    return [choice for _, choice in sorted(found.values(), key=lambda t: t[0])][:k]
+    # the cheapest program of each substance first: programs that differ only in elementwise
+    # expressions would spend the search's timings on one program
+    ranked = sorted(found.values(), key=lambda t: t[0])
+    seen: set[frozenset] = set()
+    ids: dict[tuple, int] = {}
+    distinct = [t for t in ranked if (sub := _substance(data, t[1], ids)) not in seen and not seen.add(sub)]
+    rest = [t for t in ranked if all(t is not d for d in distinct)]
+    return [choice for _, choice in (distinct + rest)[:k]]
 
 
 def describe(data: EGraphData, first: dict[int, int], choice: dict[int, int], limit: int = 4) -> str:
@@ -632,14 +697,16 @@ def prefer(data: EGraphData, cost: list[float], groups: dict[int, tuple[int, set
     by_class: dict[int, list[int]] = {}
     for n, c in enumerate(data.node_class):
         by_class.setdefault(c, []).append(n)
-    best, best_cost, taken = choices[0], dag_cost(data, cost, choices[0]), 0
+    best, best_cost = choices[0], dag_cost(data, cost, choices[0])
     members: dict[int, set[int]] = {}  # class -> its slices, of the groups taken
+    every: list[dict[int, set[int]]] = []  # each group's slices by class
     for leaf, (vb, views) in groups.items():
         merged = _merged(data, leaf, vb)
         sliced: dict[int, set[int]] = {}
         for n, (node, kids) in enumerate(zip(data.nodes, data.children)):
             if node[0] == "View" and node[2] in views and kids[0] in merged and cost[n] < math.inf:
                 sliced.setdefault(data.node_class[n], set()).add(n)
+        every.append(sliced)
         # the best program with these members sliced, or only the members fixed
         for keep in ({c: {n} for c, n in best.items()}, members):
             forced = list(cost)
@@ -649,9 +716,11 @@ def prefer(data: EGraphData, cost: list[float], groups: dict[int, tuple[int, set
                         forced[n] = math.inf
             choice = reachable(data, extract(data, forced))
             if choice is not None and dag_cost(data, cost, choice) < best_cost - 1e-9:
-                best, best_cost, taken = choice, dag_cost(data, cost, choice), taken + 1
+                best, best_cost = choice, dag_cost(data, cost, choice)
                 members.update(sliced)
                 break
+    # the groups the program takes (the candidates' own search may have found some already)
+    taken = sum(bool(sliced) and all(best.get(c) in nodes for c, nodes in sliced.items()) for sliced in every)
     if best is choices[0]:
-        return choices, 0
+        return choices, taken
     return [best, *(c for c in choices if c != best)][:k], taken
