@@ -415,3 +415,31 @@ def test_a_value_read_through_overlapping_windows_is_computed_once():
     assert [(m.op, [s.op for s in m.srcs]) for m in best.nodes() if m.op in ("contiguous", "view")] == [
         ("contiguous", ["exp2"]), ("view", ["contiguous"])]
     assert_same(graph, best)
+
+
+def test_a_block_without_candidates_runs_as_lowered():
+    """A model whose repeated block the e-graph extracted nothing for (its classes untyped: a
+    circular padding, relu6 and a causal attention over the same values, found by fuzzing) crashed
+    the compile picking that block's first candidate (IndexError); the block now runs as lowered."""
+    import torch
+    import torch.nn.functional as F
+
+    import eclat
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(17, 17, (1, 3), padding=(1, 0), groups=17, bias=False,
+                                        padding_mode="circular")
+
+        def forward(self, x):
+            v = F.relu6(self.conv(x) * 4)
+            w = F.scaled_dot_product_attention(v, v, v, is_causal=True)
+            return torch.ceil(v), F.interpolate(w, scale_factor=0.5, mode="bicubic", align_corners=True)
+
+    torch.manual_seed(0)
+    model, x = Model().eval(), torch.randn(3, 17, 7, 5)
+    compiled = eclat.compile(model, (x,), autotune="none", quiet=True)
+    with torch.no_grad():
+        for got, want in zip(compiled(x), model(x)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
