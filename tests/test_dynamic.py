@@ -331,3 +331,24 @@ def test_a_kernel_over_run_time_sizes_is_timed_as_the_code_that_runs():
     for k in program.kernels:
         assert isolate(program, k).sizes == program.sizes, k.name
         assert trials(k, None)() > 0
+
+
+def test_a_weight_only_number_folds_with_run_time_sizes():
+    """A strided, padded 1x1 convolution and nan_to_num over a run-time batch (found by fuzzing):
+    a weight-only number was computed as [1] and folding it crashed the compile (expand to ())."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(9, 16, 1, stride=(2, 1), padding=2)
+
+        def forward(self, x):
+            return torch.nan_to_num(self.conv(x))
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    compiled = eclat.compile(model, (torch.randn(7, 9, 1, 33),), autotune="none", quiet=True,
+                             dynamic_shapes=({0: Dim("b", min=3, max=17)},))
+    for b in (3, 8, 17):
+        x = torch.randn(b, 9, 1, 33)
+        with torch.no_grad():
+            np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-5, atol=1e-5)
