@@ -134,6 +134,22 @@ def _clamp(ctx: Ctx, x: Value, min: Value | None = None, max: Value | None = Non
     return out
 
 
+def _hypot(ctx: Ctx, a: Node, b: Node) -> Node:
+    """sqrt(a^2 + b^2) without overflow: the larger magnitude times sqrt(1 + (smaller / larger)^2)."""
+    a, b = P.abs_(P.to_float(a)), P.abs_(P.to_float(b))
+    big, small = P.maximum(a, b), P.minimum(a, b)
+    ratio = P.where(P.eq(big, 0.0), 0.0, P.div(small, big))
+    out = P.mul(big, P.sqrt(P.add(P.mul(ratio, ratio), 1.0)))
+    return _out(ctx, P.where(P.eq(big, math.inf), math.inf, out))
+
+
+def _signbit(ctx: Ctx, x: Node) -> Node:
+    """x < 0, and True for -0.0 (1 / -0.0 is -inf)."""
+    if not x.dtype.is_float:
+        return P.lt(x, 0) if x.dtype is not DType.bool else _out(ctx, False)
+    return P.where(P.eq(x, 0.0), P.lt(P.recip(x), 0.0), P.lt(x, 0.0))
+
+
 def _sign(ctx: Ctx, x: Node) -> Node:
     if x.dtype is DType.bool:
         return x
@@ -141,10 +157,13 @@ def _sign(ctx: Ctx, x: Node) -> Node:
 
 
 def _round(ctx: Ctx, x: Node, decimals: int = 0) -> Node:
-    if decimals:
-        raise NotImplementedError("round with decimals")
     if not x.dtype.is_float:
         return x
+    if decimals:  # as torch: x scaled by 10^decimals, rounded, scaled back (by a true division)
+        scale = 10.0 ** abs(decimals)
+        up = decimals > 0
+        scaled = _round(ctx, P.mul(x, scale) if up else P.div(x, scale))
+        return P.div(scaled, scale) if up else P.mul(scaled, scale)
     f = P.floor(P.add(x, 0.5))
     tie = P.eq(P.sub(f, x), 0.5)  # exactly half way: round to even
     odd = P.ne(g.binary("mod", f, P.lift(2.0, x.dtype, x.shape)), 0.0)
@@ -1490,6 +1509,11 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.reciprocal.default: _float_unary(P.recip),
     aten.sin.default: _float_unary(P.sin),
     aten.cos.default: _float_unary(P.cos),
+    aten.tan.default: _float_unary(lambda x: P.div(P.sin(x), P.cos(x))),
+    aten.sinh.default: _float_unary(lambda x: P.mul(P.sub(P.exp(x), P.exp(P.neg(x))), 0.5)),
+    aten.cosh.default: _float_unary(lambda x: P.mul(P.add(P.exp(x), P.exp(P.neg(x))), 0.5)),
+    aten.hypot.default: _hypot,
+    aten.signbit.default: _signbit,
     aten.tanh.default: _float_unary(P.tanh),
     aten.sigmoid.default: _float_unary(P.sigmoid),
     aten.erf.default: _float_unary(P.erf),
