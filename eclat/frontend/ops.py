@@ -134,6 +134,34 @@ def _clamp(ctx: Ctx, x: Value, min: Value | None = None, max: Value | None = Non
     return out
 
 
+def _atan(x: Node) -> Node:
+    """arctan by Cephes' reduction: |x| past tan(3 pi / 8) as pi/2 - atan(1/|x|), past tan(pi / 8)
+    as pi/4 + atan((|x| - 1) / (|x| + 1)), then an odd polynomial on [0, tan(pi / 8)]."""
+    a = P.abs_(x)
+    far, mid = P.lt(2.414213562373095, a), P.lt(0.4142135623730950, a)
+    t = P.where(far, P.neg(P.recip(a)), P.where(mid, P.div(P.sub(a, 1.0), P.add(a, 1.0)), a))
+    base = P.where(far, math.pi / 2, P.where(mid, math.pi / 4, 0.0))
+    z = P.mul(t, t)
+    poly = P.add(P.mul(P.add(P.mul(P.add(P.mul(z, 8.05374449538e-2), -1.38776856032e-1), z), 1.99777106478e-1),
+                       z), -3.33329491539e-1)
+    y = P.add(base, P.add(P.mul(P.mul(poly, z), t), t))
+    return P.where(P.lt(x, 0.0), P.neg(y), y)
+
+
+def _asin(x: Node) -> Node:
+    """arcsin x = atan(x / sqrt(1 - x^2)) (+-1: atan(+-inf), +-pi/2)."""
+    return _atan(P.div(x, P.sqrt(P.sub(1.0, P.mul(x, x)))))
+
+
+def _atan2(ctx: Ctx, y: Node, x: Node) -> Node:
+    """The angle of (x, y): atan(y / x), moved by pi where x < 0; +-pi/2 on the y axis."""
+    y, x = P.to_float(y), P.to_float(x)
+    r = _atan(P.div(y, x))
+    half = P.where(P.lt(y, 0.0), -math.pi / 2, P.where(P.lt(0.0, y), math.pi / 2, 0.0))
+    turned = P.where(P.lt(y, 0.0), P.sub(r, math.pi), P.add(r, math.pi))
+    return _out(ctx, P.where(P.eq(x, 0.0), half, P.where(P.lt(x, 0.0), turned, r)))
+
+
 def _hypot(ctx: Ctx, a: Node, b: Node) -> Node:
     """sqrt(a^2 + b^2) without overflow: the larger magnitude times sqrt(1 + (smaller / larger)^2)."""
     a, b = P.abs_(P.to_float(a)), P.abs_(P.to_float(b))
@@ -1513,6 +1541,10 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.sinh.default: _float_unary(lambda x: P.mul(P.sub(P.exp(x), P.exp(P.neg(x))), 0.5)),
     aten.cosh.default: _float_unary(lambda x: P.mul(P.add(P.exp(x), P.exp(P.neg(x))), 0.5)),
     aten.hypot.default: _hypot,
+    aten.atan.default: _float_unary(_atan),
+    aten.asin.default: _float_unary(_asin),
+    aten.acos.default: _float_unary(lambda x: P.sub(math.pi / 2, _asin(x))),
+    aten.atan2.default: _atan2,
     aten.signbit.default: _signbit,
     aten.tanh.default: _float_unary(P.tanh),
     aten.sigmoid.default: _float_unary(P.sigmoid),
