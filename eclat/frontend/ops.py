@@ -142,8 +142,9 @@ def _atan(x: Node) -> Node:
     t = P.where(far, P.neg(P.recip(a)), P.where(mid, P.div(P.sub(a, 1.0), P.add(a, 1.0)), a))
     base = P.where(far, math.pi / 2, P.where(mid, math.pi / 4, 0.0))
     z = P.mul(t, t)
-    poly = P.add(P.mul(P.add(P.mul(P.add(P.mul(z, 8.05374449538e-2), -1.38776856032e-1), z), 1.99777106478e-1),
-                       z), -3.33329491539e-1)
+    poly = 8.05374449538e-2
+    for c in (-1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1):  # Horner, highest power first
+        poly = P.add(P.mul(z, poly), c)
     y = P.add(base, P.add(P.mul(P.mul(poly, z), t), t))
     return P.where(P.lt(x, 0.0), P.neg(y), y)
 
