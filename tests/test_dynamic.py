@@ -352,3 +352,19 @@ def test_a_weight_only_number_folds_with_run_time_sizes():
         x = torch.randn(b, 9, 1, 33)
         with torch.no_grad():
             np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_variance_over_a_run_time_number_of_elements():
+    """var, std and var_mean along an axis whose length is known at run time divide by the count
+    then (the lowering refused them); one element with correction 1 is 0 / 0, as torch's."""
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return x.var(1), x.std(1, correction=0), torch.var_mean(x, 1, keepdim=True)[0]
+
+    model = Model()
+    compiled = eclat.compile(model, (torch.randn(3, 9),), autotune="none", quiet=True,
+                             dynamic_shapes=({1: Dim("n", min=1, max=64)},))
+    for n in (1, 2, 33, 64):
+        x = torch.randn(3, n) * 3 + 1
+        for got, want in zip(compiled(x), model(x)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5, equal_nan=True)

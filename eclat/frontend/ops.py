@@ -316,10 +316,13 @@ def _var(ctx: Ctx, x: Node, dim: Any = None, *, correction: float | None = None,
     x = P.to_float(x)
     d = P.sub(x, P.mean(x, axes, keepdim=True))
     n = prod([x.shape[a] for a in axes])
-    if as_int(n) is None:
-        raise NotImplementedError("variance over a symbolic number of elements")
-    dof = max(0, as_int(n) - (1 if correction is None else correction))
-    return P.mul(P.reduce("sum", P.mul(d, d), axes, keepdim), 1 / dof if dof else math.nan)
+    squares = P.reduce("sum", P.mul(d, d), axes, keepdim)
+    less = 1 if correction is None else correction
+    if as_int(n) is None:  # a run-time count: divided by at run time (0 / 0 where none is left)
+        dof = P.maximum(P.sub(g.cast(P.size_node(n), squares.dtype), float(less)), 0.0)
+        return P.div(squares, dof)
+    dof = max(0, as_int(n) - less)
+    return P.mul(squares, 1 / dof if dof else math.nan)
 
 
 def _var_mean(ctx: Ctx, x: Node, dim: Any = None, *, correction: float | None = None,
