@@ -368,3 +368,18 @@ def test_variance_over_a_run_time_number_of_elements():
         x = torch.randn(3, n) * 3 + 1
         for got, want in zip(compiled(x), model(x)):
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_a_negative_index_along_a_run_time_axis():
+    """x[:, -1] along an axis whose length is known at run time: the slice n - 1 .. n is ordered
+    whatever n is (the view refused to order n - 1 and n; found by fuzzing)."""
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return x[:, -1] * 2 + x[:, -2]
+
+    model = Model()
+    compiled = eclat.compile(model, (torch.randn(3, 9),), autotune="none", quiet=True,
+                             dynamic_shapes=({1: Dim("n", min=2, max=64)},))
+    for n in (2, 9, 64):
+        x = torch.randn(3, n)
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .symbolic import Expr, Var, as_int, index_var, logical_and, lt, prod, sint, sym_eq, to_expr
+from .symbolic import Expr, Var, as_int, index_var, logical_and, lt, prod, sint, sym_eq, terms, to_expr
 
 
 def contiguous_strides(shape: Sequence[sint]) -> tuple[sint, ...]:
@@ -41,6 +41,11 @@ def _pick(a: sint, b: sint, first_wins) -> sint:
     ea, eb = to_expr(a), to_expr(b)
     if ea == eb:
         return a
+    gap: dict = {}  # a - b as coefficients per atom: sizes a constant apart (n - 1, n) are ordered
+    for c, atom in terms(ea - eb):
+        gap[atom] = gap.get(atom, 0) + c
+    if all(c == 0 for atom, c in gap.items() if atom is not None):
+        return a if first_wins(gap.get(None, 0), 0) else b
     (a0, a1), (b0, b1) = (ea.vmin, ea.vmax), (eb.vmin, eb.vmax)
     if first_wins(a1, b0) and first_wins(a0, b1) and first_wins(a0, b0) and first_wins(a1, b1):
         return a
