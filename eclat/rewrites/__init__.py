@@ -58,7 +58,7 @@ def _optimize(graph: Graph, target: str, k: int, time_limit: float, node_limit: 
     for rep, _ in reps:
         sub = blocks.rep_graph(rep, graph)
         opt, enc = _optimize_one(sub, target, k, share, node_limit, roof)
-        if not opt.candidates:  # nothing extracted (its budget spent): the block as it was lowered
+        if not opt.candidates:  # nothing extracted (classes left untyped): the block as lowered
             opt = Optimized([sub], {**opt.stats, "costs": [0.0], "differs": ["as lowered"]})
         parts.append((opt, enc, {n.arg: n for n in sub.nodes() if n.op == "weight"}))
     of_segment = {i: (r, m) for r, (_, members) in enumerate(reps) for i, m in members}

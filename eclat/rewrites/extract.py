@@ -621,12 +621,12 @@ def candidates(data: EGraphData, cost: list[float], k: int, seed: int = 0, sprea
         add([c * math.exp(rng.gauss(0.0, spread)) for c in forcing(fixed)], 2)
     # the cheapest program of each substance first: programs that differ only in elementwise
     # expressions would spend the search's timings on one program
-    ranked = sorted(found.values(), key=lambda t: t[0])
-    seen: set[frozenset] = set()
-    ids: dict[tuple, int] = {}
-    distinct = [t for t in ranked if (sub := _substance(data, t[1], ids)) not in seen and not seen.add(sub)]
-    rest = [t for t in ranked if all(t is not d for d in distinct)]
-    return [choice for _, choice in (distinct + rest)[:k]]
+    distinct, rest, seen, ids = [], [], set(), {}
+    for _, choice in sorted(found.values(), key=lambda t: t[0]):
+        sub = _substance(data, choice, ids)
+        (rest if sub in seen else distinct).append(choice)
+        seen.add(sub)
+    return (distinct + rest)[:k]
 
 
 def describe(data: EGraphData, first: dict[int, int], choice: dict[int, int], limit: int = 4) -> str:
