@@ -140,8 +140,8 @@ def test_an_artifact_of_a_winograd_program_loads_and_runs(tmp_path):
     from eclat.compiler.artifact import save_artifact
 
     torch.manual_seed(0)
-    model = _ConvBlock(16, 16).eval()
-    x = torch.randn(1, 16, 14, 14)
+    model = _ConvBlock(64, 64).eval()  # channels enough that Winograd is the cheaper form
+    x = torch.randn(1, 64, 28, 28)
     compiled = eclat.compile(model, (x,), autotune="none", threads=1, quiet=True)
     assert any("winograd" in k.name for k in compiled.executable.program.kernels)
     path = str(tmp_path / "model.eclat")

@@ -102,7 +102,7 @@ for _name, _kind, _fn in [
     ("where", "ternary", lambda node, c, a, b: np.where(c, a, b)),
     ("sum", "reduce", lambda node, x: _cast(node, np.sum(x, axis=node.arg, dtype=accumulator(node.dtype)))),
     ("max_reduce", "reduce", _max_reduce),
-    ("contiguous", "contiguous", lambda node, x: np.ascontiguousarray(x)),
+    ("contiguous", "contiguous", lambda node, x: np.array(x, order="C")),  # ascontiguousarray: 0-d -> 1-d
     ("gather", "gather", _gather),
     ("view", "view", None),  # evaluated by the interpreter from node.arg (a View)
 ]:

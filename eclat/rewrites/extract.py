@@ -499,9 +499,7 @@ def _alternatives(data: EGraphData, cost: list[float], first: dict[int, int], to
             est = cost[n] + sum(totals[k] for k in set(data.children[n]))
             if est <= factor * base:
                 kinds.setdefault((data.nodes[chosen][0], data.nodes[n][0]), []).append((est / base, c, n))
-    # kinds that change what runs (an algorithm, a kernel boundary) before elementwise rewordings
-    queues = sorted((sorted(q) for q in kinds.values()),
-                    key=lambda q: (not _substantial(data, q[0][2], first[q[0][1]]), q[0][0]))
+    queues = sorted((sorted(q) for q in kinds.values()), key=lambda q: q[0][0])
     out = []
     for rank in range(max((len(q) for q in queues), default=0)):
         out += [(c, n) for q in queues if rank < len(q) for _, c, n in [q[rank]]]
@@ -525,9 +523,10 @@ def _substance(data: EGraphData, choice: dict[int, int], ids: dict[tuple, int]) 
     reductions, composites, views and kernel boundaries, each numbered by its structure, not its
     e-class (two classes may hold one product of two foldings of a weight). Candidates equal in
     substance time alike. ids: structure -> its number, shared by the programs compared."""
-    run = _run_time(data, choice)
+    order = _order(data, choice)
+    run = {c for c in order if choice[c] not in data.folded}  # as _run_time
     key: dict[int, object] = {}  # class -> "w" (a weight), a frozenset (elementwise), or a number
-    for c in reversed(_order(data, choice)):
+    for c in reversed(order):
         n = choice[c]
         ctor = data.nodes[n][0]
         if c not in run or ctor in ("Leaf", "Fill"):

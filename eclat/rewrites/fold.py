@@ -249,8 +249,6 @@ def _leaf(n: Node, stored: np.ndarray, sources: dict[str, int], taken: dict[str,
     may read), else a weight, read through a broadcast view where stored repeats."""
     if stored.size == 1 and not whole:
         return g.expand_to(g.const(stored.item(), n.dtype), n.shape)
-    if not n.shape and stored.shape:  # a number computed as [1] (a model with run-time sizes)
-        stored = stored.reshape(())
     whole = whole or stored.shape == tuple(n.shape)
     squeezed = stored if whole else stored.reshape([d for d in stored.shape if d != 1])
     key = (n.dtype, squeezed.shape, _digest(stored, shared.digests))
