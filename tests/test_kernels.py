@@ -215,6 +215,53 @@ def test_exp_of_a_row_minus_its_max_skips_the_overflow_clamp_only_there():
     assert np.isinf(run(G.Graph([x, y], [other], {}), [xs, ys])[0][5]).all()
 
 
+def test_a_softmax_over_huge_scaled_scores_stays_finite():
+    """softmax(q @ q.T * 0.7) with scores near 1e10: the scaled score is computed once for the row
+    max and again for the exponent. LLVM's contraction fused one evaluation into a multiply-add
+    and not the other, so x - max came out ulps above 0 and exp overflowed (NaN rows, found by
+    fuzzing). Only a sum of products contracts now, the same way everywhere."""
+    import torch
+
+    import eclat
+
+    class ScaledSoftmax(torch.nn.Module):
+        def forward(self, q):
+            return torch.softmax((q @ q.transpose(-1, -2)) * 0.7, -1)
+
+    model = ScaledSoftmax()
+    compiled = eclat.compile(model, (torch.randn(8, 4),), autotune="none", quiet=True)
+    q = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)) * 1e5
+    np.testing.assert_allclose(compiled(q.numpy()), model(q).numpy(), atol=1e-6)
+
+
+def test_a_value_compared_with_its_own_transpose_is_never_below_itself():
+    """v.T < v along a diagonal compares a value with itself: false. The grouped convolution
+    behind v is computed in the comparing kernel twice, once per side, and LLVM reassociated the
+    two copies of its sum differently, so 32 diagonal elements came out true (found by fuzzing).
+    Only a loop's running sum is reassociable now."""
+    import torch
+
+    import eclat
+
+    class SelfCompare(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 1) * 0.3)
+            self.conv = torch.nn.Conv2d(16, 4, 3, padding=1, groups=4)
+
+        def forward(self, x):
+            v1 = self.conv(x @ self.w)
+            v = v1[:6] + v1[12:].sum()
+            vt = torch.nan_to_num(v).transpose(0, 3)
+            return torch.lt(vt, v).float()
+
+    torch.manual_seed(147)
+    model = SelfCompare().eval()
+    x = torch.randn(16, 16, 16, 8)
+    compiled = eclat.compile(model, (x,), autotune="none", quiet=True, verify=False)
+    np.testing.assert_array_equal(compiled(x.numpy()), model(x).detach().numpy())
+
+
 def test_max_of_a_negation_and_a_constant_is_an_exact_min():
     """max(-x, c), as a clamp's upper bound is written, is emitted as -minimum(x, -c): the same
     bits as the interpreter for NaN, infinities and zeros of both signs. (For c = 0, max(+0, -0)

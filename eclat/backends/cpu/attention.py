@@ -29,7 +29,7 @@ from . import host
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function
-from .scalar import F32, I8, binary, i64, intrinsic, splat, store_through, vector_ptr
+from .scalar import F32, I8, accumulate, i64, intrinsic, splat, store_through, vector_ptr
 
 # Fewer query rows than this (decode: one per head) read keys and values in place, not in panels
 DIRECT_BELOW = 6
@@ -491,7 +491,7 @@ class AttentionEmitter(KernelEmitter):
         def prob(jj: ir.Value, accs: list) -> list:
             p = b.call(self.exp2, [b.fmul(b.fsub(b.load(at(jj), typ=F32), shift), log2e)])
             store_through(b, p, at(jj))
-            return [binary(b, "add", [accs[0], p], DType.float32)]  # reassociable: vectorises
+            return [accumulate(b, "add", accs[0], p, DType.float32)]
         (total,) = self.loop(i64(0), nb, [ir.Constant(F32, 0.0)], prob, unroll=2)  # 4 would spill
         alpha = b.call(self.exp2, [b.fmul(b.fsub(m_old, shift), log2e)])
         b.store(b.fadd(b.fmul(b.load(l_at, typ=F32), alpha), total), l_at)

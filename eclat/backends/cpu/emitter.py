@@ -68,6 +68,8 @@ from .scalar import (
     I32,
     I64,
     PTR,
+    REASSOC,
+    accumulate,
     binary,
     cast,
     cast_int,
@@ -336,7 +338,7 @@ class KernelEmitter:
             v = self.emit(k.body)
             self.store(k.out, where, v, k.body.dtype)
             self.scope.remember(own, v)
-            return [binary(self.b, "add", [acc, self.emit(sd.body)], DType.float32)
+            return [accumulate(self.b, "add", acc, self.emit(sd.body), DType.float32)
                     for acc, sd in zip(accs, k.sides)]
 
         sums = self.loop(i64(0), self.sym(k.shape[-1]), [zero(DType.float32)] * len(k.sides), element)
@@ -532,21 +534,34 @@ class KernelEmitter:
         self.hoist(cands)
         return self.emit(r.body)
 
+    def _accumulate(self, r: Reduce, cands: list[Reduce], i: ir.Value, acc: ir.Value, loop: bool) -> ir.Value:
+        """acc combined with r's body at r.var = i; reassociable in a loop (scalar.REASSOC). A
+        float sum of products accumulates through fmuladd: the one place products contract."""
+        body = r.body
+        if r.op == "sum" and r.dtype.is_float and isinstance(body, Op) and body.op == "mul":
+            self.scope.bind(r.var.name, i)
+            self.hoist(cands)
+            x, y = self.args(body)
+            return self.b.call(intrinsic(self.mod, "llvm.fmuladd", x.type, 3), [x, y, acc],
+                               fastmath=REASSOC if loop else ())
+        term = self._term(r, cands, i)
+        return accumulate(self.b, COMBINE[r.op], acc, term, r.dtype) if loop else \
+            binary(self.b, COMBINE[r.op], [acc, term], r.dtype)
+
     def reduce(self, r: Reduce) -> ir.Value:
         cands = reduces(r.body)
-        op = COMBINE[r.op]
         if isinstance(r.size, int) and (
                 r.size <= UNROLL_REDUCE or r.size * _tree_ops(r.body, UNROLL_OPS // r.size) <= UNROLL_OPS):
             # a pooling window, a filter's taps: straight-line code keeps the outer loop vectorisable
             acc = identity(r.op, r.dtype)
             for j in range(r.size):
                 with self.scope.nested():
-                    acc = binary(self.b, op, [acc, self._term(r, cands, i64(j))], r.dtype)
+                    acc = self._accumulate(r, cands, i64(j), acc, loop=False)
             return acc
         if r.op == "max_reduce" and r.dtype.is_float:
             return self._float_max(r, cands)
         return self.loop(i64(0), self.sym(r.size), [identity(r.op, r.dtype)],
-                         lambda i, accs: [binary(self.b, op, [accs[0], self._term(r, cands, i)], r.dtype)])[0]
+                         lambda i, accs: [self._accumulate(r, cands, i, accs[0], loop=True)])[0]
 
     def _float_max(self, r: Reduce, cands: list[Reduce]) -> ir.Value:
         """A NaN-propagating max as a plain maxnum (declared NaN-free and sign-of-zero-free: one
@@ -559,7 +574,7 @@ class KernelEmitter:
         def body(i: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
             x = self._term(r, cands, i)
             return [b.call(maxnum, [accs[0], x], fastmath=("nnan", "nsz")),
-                    binary(b, "add", [accs[1], x], r.dtype)]
+                    accumulate(b, "add", accs[1], x, r.dtype)]
 
         best, total = self.loop(i64(0), self.sym(r.size), [identity(r.op, r.dtype), zero(r.dtype)], body)
         pre = b.block

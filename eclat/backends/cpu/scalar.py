@@ -14,7 +14,10 @@ from ...ir.dtypes import DType
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, F16 = ir.FloatType(), ir.HalfType()
 PTR = ir.PointerType()
-FAST = ("reassoc", "nsz", "contract")
+# on a loop's running sum only (accumulate): lets the vectoriser keep a partial sum per lane.
+# Nowhere else, and no "contract": two evaluations of one expression (a value recomputed in two
+# kernels, or compared with itself through a transpose) must round alike.
+REASSOC = ("reassoc", "nsz")
 
 # the half types compute in float32 registers, as torch does on the CPU; float16 is stored as half
 _REG = {DType.float32: F32, DType.bfloat16: F32, DType.float16: F32,
@@ -31,11 +34,6 @@ def mem_type(dt: DType) -> ir.Type:
 
 def i64(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
-
-
-def fast(v: ir.Instruction) -> ir.Instruction:
-    v.flags.extend(FAST)
-    return v
 
 
 def vector_ptr(b: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
@@ -106,8 +104,8 @@ def _int_mod(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 FLOAT_BINARY: dict[str, Binary] = {
-    "add": lambda b, x, y: fast(b.fadd(x, y)),
-    "mul": lambda b, x, y: fast(b.fmul(x, y)),
+    "add": lambda b, x, y: b.fadd(x, y),
+    "mul": lambda b, x, y: b.fmul(x, y),
     "mod": lambda b, x, y: b.frem(x, y),
     # NaN-propagating, like numpy; the intrinsic keeps reductions vectorisable
     "max": lambda b, x, y: b.call(intrinsic(b.module, "llvm.maximum", x.type, 2), [x, y]),
@@ -133,6 +131,14 @@ def binary(b: ir.IRBuilder, op: str, args: list[ir.Value], dt: DType) -> ir.Valu
         raise NotImplementedError(f"binary op {op} on {dt.short}")
     x, y = args
     return emit(b, x, y)
+
+
+def accumulate(b: ir.IRBuilder, op: str, acc: ir.Value, x: ir.Value, dt: DType) -> ir.Value:
+    """acc op x as a loop's running reduction, reassociable where it is a float sum."""
+    v = binary(b, op, [acc, x], dt)
+    if dt.is_float and op == "add":
+        v.flags.extend(REASSOC)
+    return v
 
 
 # --- casts -------------------------------------------------------------------------------------
