@@ -11,7 +11,7 @@ class UnsupportedOpError(EclatError):
     """A model uses an operation eclat cannot lower."""
 
     def __init__(self, op: str, source: str | None = None, detail: str = ""):
-        self.op, self.source = op, source
+        self.op, self.source, self.detail = op, source, detail
         where = f" (from {source})" if source else ""
         extra = f": {detail}" if detail else ""
         super().__init__(f"eclat cannot lower {op}{where}{extra}")

@@ -383,3 +383,40 @@ def test_a_negative_index_along_a_run_time_axis():
     for n in (2, 9, 64):
         x = torch.randn(3, n)
         np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_upsampling_by_whole_scales_over_run_time_sizes():
+    """Nearest and bilinear (half-pixel) upsampling of a map whose height and width are known at
+    run time, by scale_factor or by an output size twice the input's: each output's source is a
+    function of its position modulo the scale, so one compile serves every size (edges included:
+    a single row). A scale that is not a whole number is refused, naming the op and its line."""
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            near = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+            size = (y.shape[2] * 2, y.shape[3] * 2)
+            smooth = torch.nn.functional.interpolate(y, size=size, mode="bilinear", align_corners=False)
+            third = torch.nn.functional.interpolate(y, scale_factor=3, mode="bilinear")
+            return near * smooth, third
+
+    torch.manual_seed(0)
+    model = Decoder().eval()
+    compiled = eclat.compile(model, (torch.randn(1, 3, 6, 5),), autotune="none", quiet=True,
+                             dynamic_shapes=({2: Dim("h", min=1, max=32), 3: Dim("w", min=1, max=32)},))
+    for h, w in ((1, 1), (1, 7), (6, 5), (13, 32)):
+        x = torch.randn(1, 3, h, w)
+        with torch.no_grad():
+            for got, want in zip(compiled(x), model(x)):
+                np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+    class Fractional(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, scale_factor=1.5, mode="nearest")
+
+    with pytest.raises(eclat.UnsupportedOpError, match=r"upsample_nearest2d.*test_dynamic.py.*1\.5"):
+        eclat.compile(Fractional(), (torch.randn(1, 2, 4, 4),), autotune="none", quiet=True,
+                      dynamic_shapes=({2: Dim("h", min=2, max=16)},))

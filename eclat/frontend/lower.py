@@ -126,6 +126,11 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
                 env[node] = fn(ctx, *args, **kwargs)
             except (ValueError, TypeError, NotImplementedError) as e:
                 raise UnsupportedOpError(_op_name(node.target), source_line(node), str(e)) from e
+            except UnsupportedOpError as e:  # a part of the op (a size of its result): named with the op
+                if e.source is not None:
+                    raise
+                detail = f"{e.op}: {e.detail}"
+                raise UnsupportedOpError(_op_name(node.target), source_line(node), detail) from e
             if isinstance(val, torch.Tensor) and not isinstance(env[node], Unavailable):
                 _check(node, env[node], ctx)
         elif node.op == "output":

@@ -19,7 +19,7 @@ import torch
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
 from eclat.ir.graph import Node
-from eclat.ir.symbolic import BinOp, Expr, Num, as_int, prod, sint, to_expr
+from eclat.ir.symbolic import BinOp, Expr, Num, as_int, prod, sint, sym_eq, to_expr
 from eclat.ir.view import View, compose
 
 from . import prims as P
@@ -1022,7 +1022,9 @@ def _upsample_nearest(ctx: Ctx, x: Node, output_size: Sequence[int] | None = Non
         axis = 2 + k
         n, o = as_int(x.shape[axis]), as_int(ctx.out_shape[axis])
         if n is None or o is None:
-            raise NotImplementedError("upsampling with symbolic sizes")
+            whole = _whole_scale(x, ctx.out_shape, axis, scale_factors)
+            out = _repeated(out, axis, whole, ctx.out_shape[axis])
+            continue
         scale = 1 / scale_factors[k] if scale_factors else n / o
         src = np.minimum(np.floor(np.arange(o) * np.float32(scale)), n - 1).astype(np.int64)
         out = _index(ctx, out, [None] * axis + [ctx.constant(src)])
@@ -1038,7 +1040,11 @@ def _upsample_bilinear(ctx: Ctx, x: Node, output_size: Sequence[int] | None, ali
         axis = 2 + k
         n, o = as_int(x.shape[axis]), as_int(ctx.out_shape[axis])
         if n is None or o is None:
-            raise NotImplementedError("upsampling with symbolic sizes")
+            if align_corners:
+                raise NotImplementedError("bilinear upsampling with align_corners over symbolic sizes")
+            whole = _whole_scale(x, ctx.out_shape, axis, scale_factors)
+            out = _blend_periodic(out, axis, whole, ctx.out_shape[axis])
+            continue
         dst = np.arange(o, dtype=np.float32)
         if align_corners:
             src = dst * np.float32((n - 1) / (o - 1) if o > 1 else 0.0)
@@ -1056,6 +1062,59 @@ def _upsample_bilinear(ctx: Ctx, x: Node, output_size: Sequence[int] | None, ali
         w = g.expand_to(ctx.constant(frac), near.shape)
         out = P.add(P.mul(near, P.sub(1.0, w)), P.mul(far, w))
     return out
+
+
+def _whole_scale(x: Node, out_shape: Sequence[sint], axis: int, scale_factors: Sequence[float] | None) -> int:
+    """The whole number s with out = s * x along axis, which upsampling over a size known only at
+    run time needs (its source index is then a function of the output's position modulo s)."""
+    if scale_factors:
+        factor = scale_factors[axis - 2]
+        whole = int(factor) if float(factor).is_integer() and factor >= 1 else None
+    else:
+        whole = next((s for s in range(1, 65) if sym_eq(out_shape[axis], x.shape[axis] * s)), None)
+    if whole is None:
+        raise NotImplementedError(f"upsampling over a symbolic size by a scale that is not a whole number "
+                                  f"({x.shape[axis]} to {out_shape[axis]})")
+    return whole
+
+
+def _interleaved(parts: Sequence[Node], axis: int, size: sint) -> Node:
+    """parts (one shape) interleaved along axis: element i of part r at position i * len(parts) + r."""
+    head, tail = parts[0].shape[:axis + 1], parts[0].shape[axis + 1:]
+    phases = [P.reshape(p, (*head, 1, *tail)) for p in parts]
+    joined = _concatenated(phases, axis + 1, (*head, len(parts), *tail))
+    return P.reshape(joined, (*head[:-1], size, *tail))
+
+
+def _repeated(x: Node, axis: int, s: int, size: sint) -> Node:
+    """Each element of x along axis s times in a row (nearest upsampling by the whole number s)."""
+    if s == 1:
+        return x
+    head, tail = x.shape[:axis + 1], x.shape[axis + 1:]
+    wide = g.expand_to(P.reshape(x, (*head, 1, *tail)), (*head, s, *tail))
+    return P.reshape(wide, (*head[:-1], size, *tail))
+
+
+def _shifted(x: Node, axis: int, d: int) -> Node:
+    """x[clamp(i + d, 0, n - 1)] along axis for d in (-1, 0, 1): the edge element repeated."""
+    n = x.shape[axis]
+    if d == 0:
+        return x
+    cut = lambda a, b: g.movement(x, lambda v: v.slice(axis, a, b))  # noqa: E731
+    parts = [cut(1, n), cut(n - 1, n)] if d > 0 else [cut(0, 1), cut(0, n - 1)]
+    return _concatenated(parts, axis, x.shape)
+
+
+def _blend_periodic(x: Node, axis: int, s: int, size: sint) -> Node:
+    """Bilinear upsampling (half-pixel centres) by the whole number s along axis: output s*q + r
+    reads source q + (r + 0.5) / s - 0.5, so each phase r blends x with x shifted by one at a
+    weight of its own, and the phases are interleaved. The source clamps to the edges as torch's."""
+    parts = []
+    for r in range(s):
+        f = float((np.float32(r) + np.float32(0.5)) * np.float32(1 / s) - np.float32(0.5))
+        near, far, w = (x, _shifted(x, axis, 1), f) if f >= 0 else (_shifted(x, axis, -1), x, 1 + f)
+        parts.append(near if w == 0 else P.add(P.mul(near, 1 - w), P.mul(far, w)))
+    return _interleaved(parts, axis, size)
 
 
 # inputs along the last axis up to which linear interpolation along it is a product with the blend
