@@ -99,6 +99,23 @@ def test_nan_inf_and_ties_rank_as_in_torch(target: str) -> None:
     _assert_same(_outputs(Ranked(), (ROWS,), target), _ranked_reference(ROWS), RANKED)
 
 
+class Running(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple:
+        return (*x.cummax(1), *x.cummin(1), *x.cummax(0), x.cumprod(1), x.nan_to_num(0, 9, -9).int().cumprod(1))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_running_extremes_and_products_rank_as_in_torch(target: str) -> None:
+    """cummax and cummin move to a tie (the last index) and to a NaN wherever it stands; a value
+    is the element stored there (-0.0 included). Exact, as torch's; products within an ulp each."""
+    x = torch.cat([ROWS, torch.tensor([[0.0, -0.0, 0.0, -0.0, 1.0, -0.0]])])
+    got, want = _outputs(Running(), (x,), target), [o.numpy() for o in Running()(x)]
+    names = ["cummax", "cummax-idx", "cummin", "cummin-idx", "cummax-dim0", "cummax-dim0-idx"]
+    _assert_same(got[:6], want[:6], names)
+    np.testing.assert_allclose(got[6], want[6], rtol=1e-6, equal_nan=True)
+    _assert_same(got[7:], want[7:], ["cumprod-int"])
+
+
 def test_issue_rows() -> None:
     """The rows of the report, in the interpreter."""
     x = ROWS[:2].contiguous()

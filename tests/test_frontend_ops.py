@@ -118,6 +118,7 @@ def C(op: Any, *args: Any, _name: str = "", _values: bool = True, **kwargs: Any)
 
 
 X, Y = rn(3, 4), rn(3, 4, seed=1)
+INF = math.inf
 I34 = ri(-5, 6, 3, 4)
 NZ = ri(1, 5, 3, 4) * torch.where(rb(3, 4), 1, -1)  # non-zero integers of both signs
 SPECIAL = torch.tensor([0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e-30, 3e7, -1e9,
@@ -260,6 +261,16 @@ CASES: list[Case] = [
     C(aten.cumsum.default, X, 1), C(aten.cumsum.default, rn(2, 3, 4), 0, _name="first"),
     C(aten.cumsum.default, I34, -1, _name="int"), C(aten.cumsum.default, rb(5), 0, _name="bool"),
     C(aten.cumsum.default, X, 1, dtype=torch.float32, _name="dtype"),
+    # running extremes: the last index of a tie, a NaN wins wherever it stands, -0.0 kept as stored
+    C(aten.cummax.default, torch.stack([SPECIAL, SPECIAL.flip(0)]), 1, _name="special"),
+    C(aten.cummin.default, torch.stack([SPECIAL, SPECIAL.flip(0)]), 1, _name="special"),
+    C(aten.cummax.default, ri(-2, 3, 4, 6).float(), 0, _name="ties"),
+    C(aten.cummin.default, I34, 1, _name="int"),
+    C(aten.cumprod.default, X, 1), C(aten.cumprod.default, rn(11, 2), 0, _name="odd"),
+    C(aten.cumprod.default, I34, -1, _name="int"), C(aten.cumprod.default, SPECIAL, 0, _name="special"),
+    C(aten.logcumsumexp.default, X * 30, 1),
+    C(aten.logcumsumexp.default, torch.tensor([-INF, 1.0, INF, 2.0, math.nan, 3.0]), 0, _name="special"),
+    C(aten.logcumsumexp.default, torch.tensor([-INF, -INF, -200.0, 80.0, -INF]), 0, _name="tails"),
     C(aten.sort.default, rn(3, 5)), C(aten.sort.default, rn(4, 3), 0, True, _name="descending"),
     C(aten.sort.stable, torch.tensor([3, 1, 2, 1, 3, 0]), stable=True, _name="int-ties"),
     C(aten.sort.stable, NC(rn(5, 3)), stable=True, dim=0, descending=True, _name="nc"),

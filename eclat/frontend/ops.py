@@ -383,23 +383,91 @@ def _log_softmax(ctx: Ctx, x: Node, dim: int, half_to_float: bool = False) -> No
     return _out(ctx, P.softmax(x, _axis(dim, len(x.shape)), log_=True))
 
 
-def _cumsum(ctx: Ctx, x: Node, dim: int, *, dtype: Any = None) -> Node:
-    axis = _axis(dim, len(x.shape))
+def _scan(x: Node, dim: int, rows: Callable[[Node, Node, Node], Node], y: Node | None = None) -> Node:
+    """A prefix operation along dim, as rows(xj, yi, later) over squares [..., i, j] (xj holds
+    x[..., j], yi holds y[..., i] (y: x unless given), later is j > i) reducing the last axis."""
     nd = len(x.shape)
-    x = g.cast(x, ctx.out_dtype)
-    last = P.permute(x, [k for k in range(nd) if k != axis] + [axis]) if nd else P.reshape(x, (1,))
-    n = last.shape[-1]
-    # out[..., i] = sum_j [j <= i] x[..., j]
-    square = (*last.shape[:-1], n, n)
-    xe = g.expand_to(P.reshape(last, (*last.shape[:-1], 1, n)), square)
+    axis = _axis(dim, nd) if nd else 0
+    order = [k for k in range(nd) if k != axis] + [axis]
+    lx, ly = (P.permute(t, order) if nd else P.reshape(t, (1,)) for t in (x, x if y is None else y))
+    n = lx.shape[-1]
+    square = (*lx.shape[:-1], n, n)
+    xj = g.expand_to(P.reshape(lx, (*lx.shape[:-1], 1, n)), square)
+    yi = g.expand_to(P.reshape(ly, (*ly.shape[:-1], n, 1)), square)
     i = g.expand_to(P.reshape(g.iota(n, DType.int64), (n, 1)), square)
     j = g.expand_to(g.iota(n, DType.int64), square)
-    out = g.reduce("sum", P.where(P.lt(i, j), P.lift(0, ctx.out_dtype), xe), len(square) - 1)
+    out = rows(xj, yi, P.lt(i, j))
     if not nd:
         return P.reshape(out, ())
     inverse = list(range(nd - 1))
     inverse.insert(axis, nd - 1)
     return P.permute(out, inverse)
+
+
+def _cumsum(ctx: Ctx, x: Node, dim: int, *, dtype: Any = None) -> Node:
+    # out[..., i] = sum_j [j <= i] x[..., j]
+    zero = P.lift(0, ctx.out_dtype)
+    return _scan(g.cast(x, ctx.out_dtype), dim,
+                 lambda xj, _, later: g.reduce("sum", P.where(later, zero, xj), len(xj.shape) - 1))
+
+
+def _running_extreme(largest: bool) -> Callable[..., tuple[Node, Node]]:
+    def lower(ctx: Ctx, x: Node, dim: int) -> tuple[Node, Node]:
+        """cummax or cummin: the extreme of x[..., :i + 1] and the last index holding it, NaN the
+        extreme wherever it is (torch's running comparison moves to a tie and to a NaN)."""
+        if not x.shape:
+            return x, P.lift(0, DType.int64, ())
+
+        def extreme(xj: Node, xi: Node, later: Node) -> Node:
+            kept = P.where(later, xi, xj)  # x[i] stands in for what lies past i: it is among them
+            axis = len(xj.shape) - 1
+            return P.reduce("max_reduce", kept, [axis]) if largest else _min_reduce(kept, [axis], False)
+
+        def last_holder(xj: Node, best: Node, later: Node) -> Node:
+            j = g.expand_to(g.iota(xj.shape[-1], DType.int64), xj.shape)
+            hit = P.logical_and(P.logical_not(later), P.same(xj, best))
+            return P.reduce("max_reduce", P.where(hit, j, P.lift(-1, DType.int64)), [len(xj.shape) - 1])
+
+        index = _scan(x, dim, last_holder, _scan(x, dim, extreme))
+        return _gather_dim(ctx, x, dim, index), index  # x's own element: -0.0 where it holds the tie
+    return lower
+
+
+def _logcumsumexp(ctx: Ctx, x: Node, dim: int) -> Node:
+    """log of the running sum of exp(x), each prefix shifted by its own maximum; a prefix whose
+    maximum is infinite is that infinity (torch's), a NaN stays NaN."""
+    x = g.cast(x, ctx.out_dtype)
+    if not x.shape:
+        return x
+    top = _running_extreme(True)(ctx, x, dim)[0]
+
+    def shifted_sum(xj: Node, mi: Node, later: Node) -> Node:
+        terms = P.where(later, P.lift(0.0, x.dtype), P.exp(P.sub(xj, mi)))
+        return g.reduce("sum", terms, len(xj.shape) - 1)
+
+    out = P.add(top, P.log(_scan(x, dim, shifted_sum, top)))
+    infinite = P.logical_not(P.logical_or(P.isnan(top), P.lt(P.abs_(top), math.inf)))
+    return P.where(infinite, top, out)
+
+
+def _cumprod(ctx: Ctx, x: Node, dim: int, *, dtype: Any = None) -> Node:
+    """Running product by doubling: step k multiplies each element by the one 2^k before it
+    (1 before the start), each step a kernel of its own (inlined, a step would recompute all
+    the steps before it twice)."""
+    x = g.cast(x, ctx.out_dtype)
+    if not x.shape:
+        return x
+    axis = _axis(dim, len(x.shape))
+    n = as_int(x.shape[axis])
+    if n is None:
+        raise NotImplementedError("cumprod over a symbolic size")
+    out, step = x, 1
+    while step < n:
+        before = g.movement(out, lambda v, s=step: v.slice(axis, 0, n - s))
+        pads = [0, 0] * (len(x.shape) - 1 - axis) + [step, 0]
+        out = g.contiguous(P.mul(out, _constant_pad(ctx, before, pads, 1)))
+        step *= 2
+    return out
 
 
 def _ranked(x: Node, dim: int, count: sint | None, descending: bool) -> tuple[Node, Node]:
@@ -1653,7 +1721,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.linalg_vector_norm.default: _vector_norm,
     aten.prod.default: _prod, aten.prod.dim_int: _prod,
     aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
-    aten.cumsum.default: _cumsum,
+    aten.cumsum.default: _cumsum, aten.cumprod.default: _cumprod, aten.logcumsumexp.default: _logcumsumexp,
+    aten.cummax.default: _running_extreme(True), aten.cummin.default: _running_extreme(False),
     aten.sort.default: _sort, aten.sort.stable: _sort_stable, aten.topk.default: _topk,
     # linear algebra, convolution, pooling, normalisation
     aten.mm.default: _mm, aten.bmm.default: _mm,

@@ -8,14 +8,16 @@ starts in a fraction of a second and never re-runs the user's program)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import queue
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 import llvmlite.binding as llvm
@@ -40,8 +42,37 @@ def optimised(text: str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
     pto.loop_interleaving = True  # several vectors in flight hide fma latency
     pto.loop_unrolling = False  # full unrolling of small constant loops explodes compile time
     pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
+    with _without_missed_vectorisation_warnings():
+        pb.getModulePassManager().run(mod, pb)
     return mod
+
+
+MISSED = b"loop not vectorized"
+_stderr_lock = threading.Lock()  # one redirection at a time: nested ones could leave fd 2 astray
+
+
+@contextlib.contextmanager
+def _without_missed_vectorisation_warnings() -> Iterator[None]:
+    """LLVM writes a warning to stderr for each loop it was asked to vectorise and could not (a
+    short row's hint is given before anyone knows whether its loop vectorises): noise to a user of
+    the compiler. fd 2 is caught while the passes run, and every other line passed on."""
+    with _stderr_lock, tempfile.TemporaryFile() as caught:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):  # no stderr to catch
+            yield
+            return
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = [line for line in caught.read().splitlines(keepends=True) if MISSED not in line]
+            if rest:
+                os.write(2, b"".join(rest))
 
 
 def compiled(text: str, tm: llvm.TargetMachine) -> tuple[bytes, str]:
