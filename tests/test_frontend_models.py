@@ -334,3 +334,26 @@ def test_lowerings_share_weights_only_when_asked():
     # reads directly: test_compile's test_a_compiled_model_does_not_see_later_changes_to_the_weights)
     w = c.weights["0.weight"]
     assert np.shares_memory(w, model[0].weight.detach().numpy()) and not w.flags.writeable
+
+
+def test_a_decoder_that_returns_its_cache_by_default_compiles_for_one_pass() -> None:
+    """transformers' decoders return a fresh DynamicCache with their outputs unless told not to,
+    which torch.export refuses: eclat exports them with config.use_cache off, says so in a warning
+    pointing at the caller's line, and leaves the model's config as it was."""
+    import transformers
+
+    import eclat
+
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, intermediate_size=64, vocab_size=64,
+                                     max_position_embeddings=32)
+    model = transformers.MistralModel(cfg).eval()
+    ids = torch.randint(0, 64, (1, 7))
+    with pytest.warns(UserWarning, match="use_cache=False") as caught:
+        compiled = eclat.compile(model, (ids,), autotune="none", quiet=True)
+    assert caught[0].filename == __file__
+    assert model.config.use_cache
+    with torch.no_grad():
+        want = model(ids, use_cache=False).last_hidden_state
+    np.testing.assert_allclose(compiled(ids).last_hidden_state.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)

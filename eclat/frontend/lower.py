@@ -7,6 +7,7 @@ import functools
 import operator
 import os
 import re
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,10 +64,42 @@ def export(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs
             # torch.export trips over its own deprecated pytree API; not the user's concern
             warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
             if not isinstance(model, torch.export.ExportedProgram):
-                model = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+                with _without_returned_cache(model):
+                    model = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
             return model.run_decompositions(_decompositions())
     except Exception as e:  # torch raises many types; all mean "could not export"
         raise ExportError(f"torch.export failed for {name}: {type(e).__name__}: {e}") from e
+
+
+def _user_frame() -> int:
+    """The stacklevel, for a warning raised by its caller, of the first frame outside eclat (and
+    contextlib): the user's line that compiled the model."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(package)
+                                 or frame.f_code.co_filename.endswith("contextlib.py")):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+@contextmanager
+def _without_returned_cache(model: torch.nn.Module) -> Iterator[None]:
+    """A transformers decoder returns a fresh key/value cache (DynamicCache) with its outputs by
+    default, which torch.export cannot export. Compiled for one forward pass, it is exported with
+    config.use_cache off (the cache output is None), and the user told so: eclat.compile_lm is
+    the compile that keeps a cache across steps."""
+    config = getattr(model, "config", None)
+    if not (type(model).__module__.startswith("transformers.") and getattr(config, "use_cache", False)):
+        yield
+        return
+    warnings.warn(f"{type(model).__name__} returns its key/value cache by default; eclat compiles it with "
+                  "config.use_cache=False (past_key_values is None). eclat.compile_lm keeps a cache "
+                  "for generation.", stacklevel=_user_frame())
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = True
 
 
 def _bound(end: Any, unbounded: int) -> int:
