@@ -101,7 +101,8 @@ def test_nan_inf_and_ties_rank_as_in_torch(target: str) -> None:
 
 class Running(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple:
-        return (*x.cummax(1), *x.cummin(1), *x.cummax(0), x.cumprod(1), x.nan_to_num(0, 9, -9).int().cumprod(1))
+        whole = x.nan_to_num(0, 9, -9).int()
+        return (*x.cummax(1), *x.cummin(1), *x.cummax(0), x.cumprod(1), whole.cumprod(1))
 
 
 @pytest.mark.parametrize("target", TARGETS)

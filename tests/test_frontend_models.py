@@ -357,3 +357,33 @@ def test_a_decoder_that_returns_its_cache_by_default_compiles_for_one_pass() -> 
     with torch.no_grad():
         want = model(ids, use_cache=False).last_hidden_state
     np.testing.assert_allclose(compiled(ids).last_hidden_state.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_mixture_of_experts_decoder_matches_torch() -> None:
+    """Mixtral's experts run through transformers' grouped_mm_fallback (rows sorted by expert,
+    each group's rows times its expert's matrix) and route with histc: both lowered. Also the op
+    alone, with an empty group and rows past the last group (zeros, as its loop leaves them)."""
+    import transformers
+    from transformers.integrations import moe  # noqa: F401  (registers the op)
+
+    import eclat
+
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, intermediate_size=48, vocab_size=64,
+                                     num_local_experts=4, num_experts_per_tok=2, use_cache=False)
+    model = transformers.MixtralModel(cfg).eval()
+    ids = torch.randint(0, 64, (1, 9))
+    compiled = eclat.compile(model, (ids,), autotune="none", quiet=True)
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+    np.testing.assert_allclose(compiled(ids).last_hidden_state.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+    class Grouped(torch.nn.Module):
+        def forward(self, x, w, ends):
+            return torch.ops.transformers.grouped_mm_fallback(x, w, ends)
+
+    x, w = torch.randn(7, 5), torch.randn(3, 5, 4)
+    ends = torch.tensor([2, 2, 6])  # expert 1's group is empty; row 6 lies past the last group
+    got = run(lower(Grouped(), (x, w, ends)), [x.numpy(), w.numpy(), ends.numpy()])[0]
+    np.testing.assert_allclose(got, Grouped()(x, w, ends).numpy(), rtol=1e-5, atol=1e-6)

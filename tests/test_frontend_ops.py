@@ -261,6 +261,10 @@ CASES: list[Case] = [
     C(aten.cumsum.default, X, 1), C(aten.cumsum.default, rn(2, 3, 4), 0, _name="first"),
     C(aten.cumsum.default, I34, -1, _name="int"), C(aten.cumsum.default, rb(5), 0, _name="bool"),
     C(aten.cumsum.default, X, 1, dtype=torch.float32, _name="dtype"),
+    C(aten.histc.default, torch.tensor([0.0, 1, 2, 3, 3, 5, -1, 2.5, 0.75]), 4, 0, 3, _name="range"),
+    C(aten.histc.default, X, 5, _name="data-range"),
+    C(aten.histc.default, torch.ones(6), 3, _name="one-value"),
+    C(aten.empty_permuted.default, [2, 3], [1, 0], _values=False),
     # running extremes: the last index of a tie, a NaN wins wherever it stands, -0.0 kept as stored
     C(aten.cummax.default, torch.stack([SPECIAL, SPECIAL.flip(0)]), 1, _name="special"),
     C(aten.cummin.default, torch.stack([SPECIAL, SPECIAL.flip(0)]), 1, _name="special"),

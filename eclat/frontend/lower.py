@@ -86,20 +86,23 @@ def _user_frame() -> int:
 def _without_returned_cache(model: torch.nn.Module) -> Iterator[None]:
     """A transformers decoder returns a fresh key/value cache (DynamicCache) with its outputs by
     default, which torch.export cannot export. Compiled for one forward pass, it is exported with
-    config.use_cache off (the cache output is None), and the user told so: eclat.compile_lm is
-    the compile that keeps a cache across steps."""
-    config = getattr(model, "config", None)
-    if not (type(model).__module__.startswith("transformers.") and getattr(config, "use_cache", False)):
+    use_cache off in every config its modules hold (an encoder-decoder's decoder keeps a copy; the
+    cache output is None), and the user told so: eclat.compile_lm keeps a cache across steps."""
+    configs = {id(c): c for m in model.modules() for c in [getattr(m, "config", None)]
+               if type(m).__module__.startswith("transformers.") and getattr(c, "use_cache", False)}
+    if not configs:
         yield
         return
     warnings.warn(f"{type(model).__name__} returns its key/value cache by default; eclat compiles it with "
                   "config.use_cache=False (past_key_values is None). eclat.compile_lm keeps a cache "
                   "for generation.", stacklevel=_user_frame())
-    config.use_cache = False
+    for c in configs.values():
+        c.use_cache = False
     try:
         yield
     finally:
-        config.use_cache = True
+        for c in configs.values():
+            c.use_cache = True
 
 
 def _bound(end: Any, unbounded: int) -> int:
@@ -115,7 +118,7 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
           dynamic_shapes: Any = None) -> Graph:
     """Lower model's forward pass on example_inputs (or a program torch.export made) to a primitive
     Graph. Buffers the forward updates in place become the graph's states (ir.graph.State)."""
-    from .ops import LOWERINGS, convert_output
+    from .ops import LOWERINGS, LOWERINGS_BY_NAME, convert_output
 
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
@@ -143,7 +146,7 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
                 env[node] = _placeholder(ep, ctx, node, spec, val, inputs, tied)
         elif node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
-            fn = LOWERINGS.get(node.target)
+            fn = LOWERINGS.get(node.target) or LOWERINGS_BY_NAME.get(_op_name(node.target))
             if fn is None:
                 raise UnsupportedOpError(_op_name(node.target), source_line(node))
             try:

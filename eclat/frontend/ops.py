@@ -470,6 +470,28 @@ def _cumprod(ctx: Ctx, x: Node, dim: int, *, dtype: Any = None) -> Node:
     return out
 
 
+def _histc(ctx: Ctx, x: Node, bins: int = 100, min: float = 0, max: float = 0) -> Node:  # noqa: A002
+    """torch.histc: counts of x's elements in `bins` equal bins over [min, max] (the data's own
+    range when both are 0; widened by 1 each way when that range is one value), the last bin
+    closed; elements outside it and NaN are not counted. One compare per element and bin."""
+    flat = P.to_float(P.reshape(x, (prod(x.shape),)))
+    if min == max == 0:
+        lo, hi = _min_reduce(flat, [0], False), P.reduce("max_reduce", flat, [0])
+        same = P.eq(lo, hi)
+        lo, hi = P.where(same, P.sub(lo, 1.0), lo), P.where(same, P.add(hi, 1.0), hi)
+    else:
+        lo, hi = (P.lift(float(v), flat.dtype, ()) for v in (min, max))
+    inside = P.logical_and(P.ge(flat, lo), P.le(flat, hi))
+    at = P.floor(P.mul(P.sub(flat, lo), P.div(float(bins), P.sub(hi, lo))))
+    at = P.where(P.lt(at, float(bins)), at, float(bins - 1))  # x == max: the last bin
+    n = flat.shape[0]
+    square = (bins, n)
+    edge = g.expand_to(P.reshape(g.cast(g.iota(bins, DType.int64), flat.dtype), (bins, 1)), square)
+    hit = P.logical_and(g.expand_to(P.reshape(inside, (1, n)), square),
+                        P.eq(g.expand_to(P.reshape(at, (1, n)), square), edge))
+    return g.cast(g.reduce("sum", P.where(hit, P.lift(1.0, flat.dtype), 0.0), 1), ctx.out_dtype)
+
+
 def _ranked(x: Node, dim: int, count: sint | None, descending: bool) -> tuple[Node, Node]:
     """The first `count` (all when None) elements of x along dim in sorted order, and their
     indices: each element's rank is how many others come before it (ties keep index order),
@@ -1633,6 +1655,30 @@ def _sym_compare(python: Callable[[int, int], bool], tensor: Callable[[Value, Va
     return lower
 
 
+def _grouped_mm(ctx: Ctx, x: Node, weight: Node, ends: Node) -> Node:
+    """transformers' grouped_mm_fallback (its mixture-of-experts layers): x's rows sorted by
+    expert, ends[e] the row where expert e's group ends; row s times weight[e] for the group e
+    holding it (0 past the last group). Each row reads its expert's matrix through a gather: one
+    read of each matrix a row uses, the least a decode step's few rows can read."""
+    rows, depth = x.shape
+    experts, _, width = weight.shape
+    s = g.expand_to(P.reshape(g.iota(rows, DType.int64), (rows, 1)), (rows, experts))
+    group = g.reduce("sum", g.cast(P.le(g.expand_to(P.reshape(ends, (1, experts)), (rows, experts)), s),
+                                   DType.int64), 1)
+    inside = P.lt(group, P.lift(P.size_node(experts), DType.int64))
+    table = P.reshape(weight, (experts, prod((depth, width))))
+    mats = P.reshape(g.gather(table, P.where(inside, group, P.lift(0, DType.int64))), (rows, depth, width))
+    xs = g.expand_to(P.reshape(x, (rows, depth, 1)), (rows, depth, width))
+    out = g.reduce("sum", P.mul(xs, mats), 1)
+    return P.where(g.expand_to(P.reshape(inside, (rows, 1)), (rows, width)), out, P.lift(0, x.dtype))
+
+
+# ops of other libraries' torch.library namespaces, by name: their OpOverloads exist only once the
+# library is imported
+LOWERINGS_BY_NAME: dict[str, Callable[..., Any]] = {
+    "transformers.grouped_mm_fallback.default": _grouped_mm,
+}
+
 LOWERINGS: dict[Any, Callable[..., Any]] = {
     # arithmetic
     aten.add.Tensor: _add, aten.add.Scalar: _add,
@@ -1721,7 +1767,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.linalg_vector_norm.default: _vector_norm,
     aten.prod.default: _prod, aten.prod.dim_int: _prod,
     aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
-    aten.cumsum.default: _cumsum, aten.cumprod.default: _cumprod, aten.logcumsumexp.default: _logcumsumexp,
+    aten.histc.default: _histc, aten.cumsum.default: _cumsum, aten.cumprod.default: _cumprod,
+    aten.logcumsumexp.default: _logcumsumexp,
     aten.cummax.default: _running_extreme(True), aten.cummin.default: _running_extreme(False),
     aten.sort.default: _sort, aten.sort.stable: _sort_stable, aten.topk.default: _topk,
     # linear algebra, convolution, pooling, normalisation
@@ -1774,6 +1821,7 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.zeros.default: _fill(0), aten.ones.default: _fill(1),
     aten.zeros_like.default: _fill(0), aten.ones_like.default: _fill(1),
     aten.empty.memory_format: _fill(0), aten.empty_like.default: _fill(0),  # contents undefined: zeros
+    aten.empty_permuted.default: _fill(0),
     aten.scalar_tensor.default: lambda ctx, value, **_: _out(ctx, value),
     aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
     aten._to_copy.default: _to_copy,
