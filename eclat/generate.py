@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .compiler.model import CompiledModel
-from .errors import EclatError
+from .errors import EclatError, ExportError
 
 LM_JSON, PREFILL, DECODE = "lm.json", "prefill.eclat", "decode.eclat"
 
@@ -196,7 +196,11 @@ def _compile_programs(model: Any, max_len: int, chunk: int, target: str, options
             with torch.no_grad(), warnings.catch_warnings():
                 # dynamo notes transformers' output-capturing global: not the user's concern
                 warnings.filterwarnings("ignore", message=".*side effects happened.*")
-                program = exportable.export(input_ids=ids, cache_position=positions)
+                try:
+                    program = exportable.export(input_ids=ids, cache_position=positions)
+                except Exception as e:  # torch raises many types; all mean "could not export"
+                    raise ExportError(f"transformers' cached export failed for {type(model).__name__} "
+                                      f"({n} tokens): {type(e).__name__}: {e}") from e
             exported.append((program, (ids, positions)))
             release_free_memory()
         with sharing_weights():

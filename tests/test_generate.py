@@ -13,14 +13,19 @@ MAX_LEN, CHUNK = 24, 4
 
 
 def _config(arch: str):
-    common = dict(vocab_size=97, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    # no end token: transformers would stop at it (or mask it), where LM.generate runs on
+    common = dict(vocab_size=97, bos_token_id=1, eos_token_id=None, pad_token_id=0)
     if arch == "gpt2":
         return transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64,
                                        initializer_range=0.3, **common)
     small = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3, **common)
+    extra = {"gemma2": dict(head_dim=8, sliding_window=6), "qwen3": dict(head_dim=8),
+             "mixtral": dict(num_local_experts=4, num_experts_per_tok=2)}.get(arch, {})
     return {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-            "mistral": transformers.MistralConfig}[arch](**small)
+            "mistral": transformers.MistralConfig, "gemma2": transformers.Gemma2Config,
+            "phi3": transformers.Phi3Config, "qwen3": transformers.Qwen3Config,
+            "mixtral": transformers.MixtralConfig}[arch](**small, **extra)
 
 
 def _model(arch: str):
@@ -31,8 +36,8 @@ def _model(arch: str):
 def _reference(model, prompt: list[int], new: int) -> list[int]:
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+    assert out.shape[1] == len(prompt) + new
     return out[0, len(prompt):].tolist()
 
 
@@ -96,7 +101,7 @@ def test_bad_requests_name_the_problem(gpt2):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma2", "phi3", "qwen3", "mixtral"])
 def test_greedy_tokens_match_transformers_for_each_architecture(arch):
     model = _model(arch)
     lm = eclat.compile_lm(model, max_len=MAX_LEN, chunk=CHUNK, autotune="none", quiet=True)
@@ -146,3 +151,16 @@ def test_a_second_compile_loads_the_kept_model_and_checks_it(tmp_path, monkeypat
         model.lm_head.weight.mul_(2)
     with pytest.raises(pytest.fail.Exception, match="compiled again"):
         eclat.compile_lm(model, **options)
+
+
+def test_a_decoder_transformers_cannot_export_is_a_clear_error(monkeypatch):
+    """transformers' cached export raising (OPT's one-token step trips a data-dependent guard in
+    torch.export) reaches the user as an ExportError naming the model and the step's length."""
+    from transformers.integrations import executorch
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("Could not guard on data-dependent expression u2 > 1")
+
+    monkeypatch.setattr(executorch.TorchExportableModuleForDecoderOnlyLM, "export", refuse)
+    with pytest.raises(eclat.ExportError, match=r"GPT2LMHeadModel \(4 tokens\).*data-dependent"):
+        eclat.compile_lm(_model("gpt2"), max_len=MAX_LEN, chunk=CHUNK, autotune="none", quiet=True)
