@@ -173,3 +173,30 @@ def test_the_interpreter_frees_each_value_after_its_last_reader() -> None:
         first = want if k == 0 else first
     np.testing.assert_allclose(got[0], want, rtol=1e-6)
     np.testing.assert_allclose(got[1], first, rtol=1e-6)
+
+
+def test_division_of_a_nested_sum_drops_the_terms_it_divides() -> None:
+    """A flat index divided by the strides of a reshape, (i0 * 614656 + i1 * 392 + i2) // 7 % 7,
+    keeps only the term the divisor does not divide: (i2 // 7) % 7, its value the same at every
+    point (checked exhaustively on a grid of random sums of non-negative terms)."""
+    import random
+
+    from eclat.ir.symbolic import evaluate, floordiv, mod
+
+    i0, i1, i2 = Var("i0", 0, 3), Var("i1", 0, 9), Var("i2", 0, 391)
+    flat = i0 * 614656 + i1 * 392 + i2
+    assert str(mod(floordiv(flat, 7), 7)) == "((i2 / 7) % 7)" and str(mod(flat, 7)) == "(i2 % 7)"
+    assert str(mod(floordiv(flat, 49), 8)) == "(i2 / 49)"
+    rng = random.Random(0)
+    a, b, c = Var("a", 0, 5), Var("b", 0, 6), Var("c", 0, 40)
+    points = {"a": np.arange(6)[:, None, None], "b": np.arange(7)[None, :, None],
+              "c": np.arange(41)[None, None, :]}
+    for _ in range(200):
+        d = rng.choice([2, 3, 4, 6, 7, 8, 12])
+        e = a * (d * rng.randint(0, 9)) + b * rng.choice([d * rng.randint(1, 5), rng.randint(1, 20)]) + c \
+            + rng.randint(0, 30)
+        value = evaluate(e, points)
+        for got, want in ((floordiv(e, d), value // d), (mod(e, d), value % d),
+                          (mod(floordiv(e, d), 5), value // d % 5)):
+            same = np.broadcast_to(evaluate(got, points), want.shape)
+            np.testing.assert_array_equal(same, want, err_msg=str(e))

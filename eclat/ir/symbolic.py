@@ -217,12 +217,27 @@ def floordiv(a: sint, b: sint) -> Expr:
                         and x.b.v % b.v == 0 and 0 <= bounds(y)[0] and 0 <= bounds(x)[0]):
                     whole = mul(x.a, x.b.v // b.v)
                     return whole if bounds(y)[1] < b.v else add(whole, floordiv(y, b))
+        split = _multiples(a, b.v)
+        if split is not None:  # terms of a sum nested deeper than the pair above
+            whole, rest = split
+            return whole if bounds(rest)[1] < b.v else add(whole, floordiv(rest, b))
     if involves_sizes(a, b):
         split = _divided(a, b)
         if split is not None:
             whole, rest, below = split
             return whole if below else add(whole, BinOp("//", rest, b))
     return BinOp("//", a, b)
+
+
+def _multiples(a: Expr, d: int) -> tuple[Expr, Expr] | None:
+    """(w, r) with a = w * d + r, w gathering the terms of a whose coefficients d divides, when a
+    has such terms and every term is non-negative (so that a // d = w + r // d and a % d = r % d);
+    None otherwise."""
+    p = _poly(a)
+    if not _nonnegative(p) or not any(c % d == 0 for c in p.values()) or len(p) < 2:
+        return None
+    return (_expr({m: c // d for m, c in p.items() if c % d == 0}),
+            _expr({m: c for m, c in p.items() if c % d}))
 
 
 def mod(a: sint, b: sint) -> Expr:
@@ -241,6 +256,9 @@ def mod(a: sint, b: sint) -> Expr:
             for x, y in ((a.a, a.b), (a.b, a.a)):
                 if isinstance(x, BinOp) and x.op == "*" and isinstance(x.b, Num) and x.b.v % b.v == 0:
                     return mod(y, b)
+        split = _multiples(a, b.v)
+        if split is not None:
+            return mod(split[1], b)
     if involves_sizes(a, b):
         split = _divided(a, b)
         if split is not None:
