@@ -420,3 +420,29 @@ def test_upsampling_by_whole_scales_over_run_time_sizes():
     with pytest.raises(eclat.UnsupportedOpError, match=r"upsample_nearest2d.*test_dynamic.py.*1\.5"):
         eclat.compile(Fractional(), (torch.randn(1, 2, 4, 4),), autotune="none", quiet=True,
                       dynamic_shapes=({2: Dim("h", min=2, max=16)},))
+
+
+def test_slices_from_a_run_time_end_and_slices_export_sized_at_the_example():
+    """x[-3:], x[-3:-1] and x[-3::2] along an axis whose length is known at run time start at
+    n - 3 (they started at -3, reading before the buffer; found by fuzzing). torch.export sizes
+    x[:2] as 2 rows whatever the size, which is wrong below 2: with a minimum of 1 the compile
+    refuses it and says how to mend it; with a minimum of 2 it runs."""
+    class Tails(torch.nn.Module):
+        def forward(self, x):
+            return x[-3:] * 2, x[-3:-1] + 1, x[-3::2], x[:2]
+
+    model = Tails()
+    compiled = eclat.compile(model, (torch.randn(5, 4),), autotune="none", quiet=True,
+                             dynamic_shapes=({0: Dim("n", min=3, max=40)},))
+    for n in (3, 4, 7, 40):
+        x = torch.arange(n * 4.0).reshape(n, 4)
+        for got, want in zip(compiled(x), model(x)):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+    class Head(torch.nn.Module):
+        def forward(self, x):
+            return x[:2] * 2
+
+    with pytest.raises(eclat.UnsupportedOpError, match=r"aten.slice.*at least 1.*Dim\(min="):
+        eclat.compile(Head(), (torch.randn(5, 3),), autotune="none", quiet=True,
+                      dynamic_shapes=({0: Dim("d", min=1, max=33)},))

@@ -19,7 +19,7 @@ import torch
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
 from eclat.ir.graph import Node
-from eclat.ir.symbolic import BinOp, Expr, Num, as_int, prod, sint, sym_eq, to_expr
+from eclat.ir.symbolic import BinOp, Expr, Num, as_int, at_most, bounds, prod, sint, sym_eq, to_expr
 from eclat.ir.view import View, compose
 
 from . import prims as P
@@ -1055,11 +1055,23 @@ def _slice(ctx: Ctx, x: Node, dim: int = 0, start: sint | None = None, end: sint
     start = 0 if start is None else start
     if isinstance(start, int) and as_int(n) is not None:
         start = min(max(start + as_int(n) if start < 0 else start, 0), as_int(n))
+    elif isinstance(start, int) and start < 0:  # counted from a run-time end
+        start = n + start
     if as_int(length) == 0:
         stop = start
     else:
         stop = start + (length - 1) * step + 1
-    return g.movement(x, lambda v: v.slice(axis, start, stop, step))
+    least = bounds(to_expr(n))[0]
+    if as_int(n) is None and not (at_most(0, start) and at_most(stop, n)):
+        # torch.export took the slice's bounds at the example's size (x[:2] is 2 long whatever
+        # the run-time size): the program holds only for sizes that contain them
+        raise NotImplementedError(
+            f"a slice [{start}:{stop}] of the run-time size {n} (at least {least}) that torch.export "
+            f"sized at the example, {length} long: it holds only where {n} contains it; raise the "
+            "dimension's minimum (torch.export.Dim(min=...)) so that it does")
+    # the length as torch states it (n - (n - 3) is 3, which the view's arithmetic leaves unsaid)
+    shape = [*x.shape[:axis], length, *x.shape[axis + 1:]]
+    return g.movement(x, lambda v: _with_shape(v.slice(axis, start, stop, step), shape))
 
 
 def _select(ctx: Ctx, x: Node, dim: int, index: sint) -> Node:

@@ -357,6 +357,13 @@ def _nonnegative(p: Poly) -> bool:
     return all(c >= 0 for c in p.values()) and all(bounds(a)[0] >= 0 for m in p for a in m)
 
 
+def at_most(a: sint, b: sint) -> bool:
+    """Whether a <= b is provable, by bounds or (sizes that vary at run time) because b - a is a
+    polynomial without a negative coefficient over non-negative atoms."""
+    a, b = to_expr(a), to_expr(b)
+    return bounds(a)[1] <= bounds(b)[0] or _nonnegative(_loosened(_padd(_poly(b), _poly(a), -1)))
+
+
 def _below(a: Poly, b: Poly) -> bool:
     """Whether 0 <= a < b is provable: b - 1 - max(a), loosened, has no negative coefficient."""
     top = _most(a)
