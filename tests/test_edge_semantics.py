@@ -218,3 +218,24 @@ def test_unbounded_dynamic_dim_lowers() -> None:
     (sympy.Integer(7), 0, 7), (5, 0, 5), (2**40, 0, 2**31 - 1)])
 def test_export_range_ends(end, unbounded: int, expected: int) -> None:
     assert _bound(end, unbounded) == expected
+
+
+class Rounded(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple:
+        p = x * y
+        return torch.round(x), torch.floor(x), torch.trunc(x), torch.ceil(x), torch.floor(p), torch.frac(p)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rounding_is_exact_and_a_product_is_one_value(target: str) -> None:
+    """round (half way to even), floor, trunc and ceil give torch's integers exactly: they go
+    through an integer, where x - fmod(x, 1) and floor(x + 0.5) came out non-integer once the
+    e-graph reassociated them (round(0.7) was 0.99999994; found by fuzzing). frac(x * y) is
+    x * y - trunc(x * y) with one rounding of the product: fused into a multiply-add it was
+    negative."""
+    x = torch.tensor([0.7, 0.16666666, 0.835, 8388609.0, 2.5, 3.5, -2.5, -0.5, 0.49999997, -1e-30,
+                      1e20, INF, -INF, NAN, 0.77, -3.25])
+    y = torch.tensor([0.77, 3.0, 1.1, 1.0, 0.4, 2.0, -0.4, 3.0, 2.0, 5.0, 1.0, 1.0, 2.0, 1.0, 0.77, 3.0])
+    names = ["round", "floor", "trunc", "ceil", "floor-product", "frac-product"]
+    _assert_same(_outputs(Rounded(), (x, y), target), [o.numpy() for o in Rounded()(x, y)], names)
+

@@ -193,10 +193,12 @@ def _round(ctx: Ctx, x: Node, decimals: int = 0) -> Node:
         up = decimals > 0
         scaled = _round(ctx, P.mul(x, scale) if up else P.div(x, scale))
         return P.div(scaled, scale) if up else P.mul(scaled, scale)
-    f = P.floor(P.add(x, 0.5))
-    tie = P.eq(P.sub(f, x), 0.5)  # exactly half way: round to even
-    odd = P.ne(g.binary("mod", f, P.lift(2.0, x.dtype, x.shape)), 0.0)
-    return P.where(P.logical_and(tie, odd), P.sub(f, 1.0), f)
+    # half way rounds to even; every step exact (x + 0.5 is not: 0.49999997 + 0.5 is 1)
+    t = P.trunc(x)
+    part = P.abs_(P.sub(x, t))
+    odd = P.ne(g.binary("mod", t, P.lift(2.0, x.dtype, x.shape)), 0.0)
+    away = P.logical_or(P.lt(0.5, part), P.logical_and(P.eq(part, 0.5), odd))
+    return P.where(away, P.add(t, P.where(P.lt(x, 0.0), -1.0, 1.0)), t)
 
 
 def _ceil(ctx: Ctx, x: Node) -> Node:

@@ -292,10 +292,15 @@ def _promoted(a: Value, b: Value) -> tuple[Node, Node]:
 # --- rounding ------------------------------------------------------------------------------
 
 def trunc(x: Node) -> Node:
+    """x rounded toward zero through an integer: a cast is exact and opaque to the e-graph's
+    algebra (x - fmod(x, 1), reassociated, gave non-integers). From 2**23 on every float32 is an
+    integer, and NaN and infinities are themselves; -0.5 truncates to -0.0, as in torch."""
     if not x.dtype.is_float:
         return x
-    # from 2**23 on every float32 is an integer (and inf stays inf)
-    return where(lt(abs_(x), 2.0**23), sub(x, g.binary("mod", x, lift(1.0, x.dtype, x.shape))), x)
+    size = abs_(x)
+    small = lt(size, 2.0**23)
+    whole = g.cast(g.cast(where(small, size, 0.0), DType.int32), x.dtype)
+    return where(small, where(lt(x, 0.0), neg(whole), whole), x)
 
 
 def floor(x: Node) -> Node:

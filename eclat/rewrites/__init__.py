@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node
 from . import blocks, merge, registry
+from .composites import products_once
 from .encode import Encoding, decode
 from .extract import CPU, Roofline, candidates, costs, dag_cost, differences, prefer, read_egraph
 from .registry import EXPLOSIVE, FUSION, STAGES, backend_rules
@@ -43,7 +44,9 @@ def optimize(graph: Graph, target: str = "cpu", k: int = 8, *, time_limit: float
         raise ValueError(f"k must be at least 1, got {k}")
     backend_rules(target)  # an unknown target fails before any work
     with keeping():  # the blocks reuse one declared e-graph, dropped at the end
-        return _optimize(graph, target, k, time_limit, node_limit, roof)
+        opt = _optimize(graph, target, k, time_limit, node_limit, roof)
+    opt.candidates = [products_once(c) for c in opt.candidates]
+    return opt
 
 
 def _optimize(graph: Graph, target: str, k: int, time_limit: float, node_limit: int,

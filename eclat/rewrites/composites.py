@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..ir import graph as g
 from ..ir.dtypes import DType, accumulator
-from ..ir.graph import LOG2E, Node
+from ..ir.graph import LOG2E, Graph, Node
 from ..ir.interpreter import bind_dims, read_view
 from ..ir.symbolic import sym_eq
 from ..ir.view import View
@@ -65,6 +66,48 @@ def _decompose_matmul(node: Node) -> Node:
 def fma(a: Node, b: Node, c: Node) -> Node:
     g.binary("add", g.binary("mul", a, b), c)  # checks shapes and dtypes
     return Node("fma", (a, b, c), None, a.shape, a.dtype)
+
+
+def products_once(graph: Graph) -> Graph:
+    """graph with every Fma whose product the program also computes alone made an add of that
+    product. Fused, the product is unrounded there and rounded elsewhere, so a value compared with
+    or truncated against itself disagrees with itself (frac(a * b), which is a * b - trunc(a * b),
+    came out negative). A negated operand counts as the same product (negation is exact)."""
+    def bare(x: Node) -> Node:
+        return x.srcs[0] if x.op == "neg" else x
+
+    def key(a: Node, b: Node) -> frozenset:
+        return frozenset((id(bare(a)), id(bare(b))))
+
+    def negative(a: Node, b: Node) -> bool:
+        return (a.op == "neg") != (b.op == "neg")
+
+    nodes = graph.nodes()
+    alone = {key(*n.srcs): n for n in nodes if n.op == "mul"}
+    if not any(n.op == "fma" and key(*n.srcs[:2]) in alone for n in nodes):
+        return graph
+    new: dict[int, Node] = {}
+
+    def rebuilt(n: Node) -> Node:  # the product alone may come after the Fma in the graph's order
+        if id(n) in new:
+            return new[id(n)]
+        srcs = [rebuilt(s) for s in n.srcs]
+        product = alone.get(key(*n.srcs[:2])) if n.op == "fma" else None
+        if product is not None:
+            term = rebuilt(product)
+            if negative(*n.srcs[:2]) != negative(*product.srcs):
+                term = g.unary("neg", term)
+            out = g.binary("add", term, srcs[2])
+        elif all(a is b for a, b in zip(srcs, n.srcs)):
+            out = n
+        else:
+            out = Node(n.op, tuple(srcs), n.arg, n.shape, n.dtype)
+        new[id(n)] = out
+        return out
+
+    for n in nodes:  # sources first: the recursion stays shallow
+        rebuilt(n)
+    return dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs])
 
 
 def rsqrt(x: Node) -> Node:
