@@ -206,7 +206,7 @@ def _ceil(ctx: Ctx, x: Node) -> Node:
 
 
 def _elu(ctx: Ctx, x: Node, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Node:
-    neg_part = P.mul(P.sub(P.exp(P.mul(x, input_scale)), 1.0), alpha * scale)
+    neg_part = P.mul(P.expm1(P.mul(x, input_scale)), alpha * scale)
     return P.where(P.lt(0.0, x), P.mul(x, scale), neg_part)
 
 
@@ -1719,10 +1719,10 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     # transcendental (float results)
     aten.exp.default: _float_unary(P.exp),
     aten.exp2.default: _float_unary(lambda x: g.unary("exp2", x)),
-    aten.expm1.default: _float_unary(lambda x: P.sub(P.exp(x), 1.0)),
+    aten.expm1.default: _float_unary(P.expm1),
     aten.log.default: _float_unary(P.log),
     aten.log2.default: _float_unary(lambda x: g.unary("log2", x)),
-    aten.log1p.default: _float_unary(lambda x: P.log(P.add(x, 1.0))),
+    aten.log1p.default: _float_unary(P.log1p),
     aten.sqrt.default: _float_unary(P.sqrt),
     aten.rsqrt.default: _float_unary(P.rsqrt),
     aten.reciprocal.default: _float_unary(P.recip),

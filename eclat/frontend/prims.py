@@ -151,7 +151,35 @@ def div(a: Value, b: Value) -> Node:
 def exp(x: Value) -> Node: return unary("exp2", mul(to_float(x), LOG2E))
 def log(x: Value) -> Node: return mul(unary("log2", x), LN2)
 def sigmoid(x: Value) -> Node: return recip(add(exp(neg(to_float(x))), 1.0))
-def tanh(x: Value) -> Node: return sub(mul(sigmoid(mul(to_float(x), 2.0)), 2.0), 1.0)
+
+# Near 0 the forms through exp and log lose their relative accuracy (tanh(1e-8), log1p(1e-8) and
+# expm1(1e-8) all came out 0): there, series of the exact functions, truncated where the next term
+# is below float32's resolution. (Kahan's rounding tricks would not survive the e-graph's algebra:
+# it folds log(exp(u)) and (1 + x) - 1.)
+NEAR_ZERO = 0.5
+TANH_NEAR = 0.25  # past it, 2 sigmoid(2x) - 1 is within 5e-7 relative
+_TANH = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925)  # Taylor in x^2: 1e-9 at 0.25
+_EXPM1 = tuple(1 / math.factorial(k + 1) for k in range(10))  # (e^x - 1) / x, 1e-11 at 0.5
+_ATANH = tuple(1 / (2 * k + 1) for k in range(10))  # atanh(s) / s in s^2, |s| <= 1/3
+
+
+def tanh(x: Value) -> Node:
+    x = to_float(x)
+    near = mul(x, polynomial(mul(x, x), _TANH))
+    return where(lt(abs_(x), TANH_NEAR), near, sub(mul(sigmoid(mul(x, 2.0)), 2.0), 1.0))
+
+
+def expm1(x: Value) -> Node:
+    x = to_float(x)
+    return where(lt(abs_(x), NEAR_ZERO), mul(x, polynomial(x, _EXPM1)), sub(exp(x), 1.0))
+
+
+def log1p(x: Value) -> Node:
+    """log(1 + x) = 2 atanh(x / (2 + x)), a series while |x| < NEAR_ZERO."""
+    x = to_float(x)
+    s = div(x, add(x, 2.0))
+    near = mul(mul(s, 2.0), polynomial(mul(s, s), _ATANH))
+    return where(lt(abs_(x), NEAR_ZERO), near, log(add(x, 1.0)))
 
 
 def cos(x: Value) -> Node:
