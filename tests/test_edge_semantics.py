@@ -245,17 +245,17 @@ class NearZero(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple:
         F = torch.nn.functional
         return (torch.tanh(x), torch.expm1(x), torch.log1p(x), F.elu(x), F.softplus(x - 20.0),
-                F.logsigmoid(x + 20.0), F.mish(x - 20.0))
+                F.logsigmoid(x + 20.0), F.mish(x - 20.0), torch.sinh(x), torch.asinh(x), torch.atanh(x / 13))
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_functions_near_zero_keep_their_relative_accuracy(target: str) -> None:
-    """tanh, expm1 and log1p near 0 (and ELU, softplus, logsigmoid and mish, built on them) are
+    """tanh, expm1 and log1p near 0 (and ELU, softplus, logsigmoid, mish, sinh, asinh, atanh) are
     series there: through exp and log, tanh(1e-8), expm1(1e-8) and log1p(1e-8) were 0 and
     logsigmoid(20) was 0 (found by fuzzing). Relative error against float64, wide values too."""
     x = torch.tensor([1e-8, -3e-7, 1e-5, -2e-3, 0.1, -0.3, 0.49, 0.51, -0.7, 0.9, 3.0, -6.0, 12.0, -25.0])
     got = _outputs(NearZero(), (x,), target)
     want = [o.numpy() for o in NearZero()(x.double())]
-    names = ["tanh", "expm1", "log1p", "elu", "softplus", "logsigmoid", "mish"]
+    names = ["tanh", "expm1", "log1p", "elu", "softplus", "logsigmoid", "mish", "sinh", "asinh", "atanh"]
     for name, g, w in zip(names, got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=0, err_msg=name, equal_nan=True)

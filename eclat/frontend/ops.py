@@ -149,6 +149,22 @@ def _atan(x: Node) -> Node:
     return P.where(P.lt(x, 0.0), P.neg(y), y)
 
 
+def _asinh(x: Node) -> Node:
+    """sign(x) log1p(|x| + x^2 / (1 + sqrt(1 + x^2))): exact near 0; log(2|x|) where x^2 overflows."""
+    a = P.abs_(x)
+    near = P.log1p(P.add(a, P.div(P.mul(a, a), P.add(P.sqrt(P.add(P.mul(a, a), 1.0)), 1.0))))
+    r = P.where(P.lt(a, 1e10), near, P.add(P.log(a), math.log(2.0)))
+    return P.where(P.lt(x, 0.0), P.neg(r), r)
+
+
+def _acosh(x: Node) -> Node:
+    """log1p(t + sqrt(t (x + 1))) with t = x - 1, exact near 1; log(2x) where x^2 would overflow."""
+    t = P.sub(x, 1.0)
+    near = P.log1p(P.add(t, P.sqrt(P.mul(t, P.add(x, 1.0)))))
+    out = P.where(P.lt(x, 1e10), near, P.add(P.log(x), math.log(2.0)))
+    return P.where(P.lt(x, 1.0), math.nan, out)  # (t (x + 1) is positive again below -1)
+
+
 def _asin(x: Node) -> Node:
     """arcsin x = atan(x / sqrt(1 - x^2)) (+-1: atan(+-inf), +-pi/2)."""
     return _atan(P.div(x, P.sqrt(P.sub(1.0, P.mul(x, x)))))
@@ -1729,7 +1745,10 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.sin.default: _float_unary(P.sin),
     aten.cos.default: _float_unary(P.cos),
     aten.tan.default: _float_unary(lambda x: P.div(P.sin(x), P.cos(x))),
-    aten.sinh.default: _float_unary(lambda x: P.mul(P.sub(P.exp(x), P.exp(P.neg(x))), 0.5)),
+    aten.sinh.default: _float_unary(lambda x: P.mul(P.sub(P.expm1(x), P.expm1(P.neg(x))), 0.5)),
+    aten.asinh.default: _float_unary(_asinh), aten.acosh.default: _float_unary(_acosh),
+    aten.atanh.default: _float_unary(lambda x: P.mul(P.log1p(P.div(P.mul(x, 2.0), P.sub(1.0, x))), 0.5)),
+    aten.log10.default: _float_unary(lambda x: P.mul(g.unary("log2", x), math.log10(2.0))),
     aten.cosh.default: _float_unary(lambda x: P.mul(P.add(P.exp(x), P.exp(P.neg(x))), 0.5)),
     aten.hypot.default: _hypot,
     aten.atan.default: _float_unary(_atan),
