@@ -259,3 +259,20 @@ def test_functions_near_zero_keep_their_relative_accuracy(target: str) -> None:
     names = ["tanh", "expm1", "log1p", "elu", "softplus", "logsigmoid", "mish", "sinh", "asinh", "atanh"]
     for name, g, w in zip(names, got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=0, err_msg=name, equal_nan=True)
+
+
+class Quotients(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> tuple:
+        return torch.floor(x / y), torch.frac(x / y), (n.float() / 3).long(), x / 8.0, x / 3.0
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_true_division_is_correctly_rounded(target: str) -> None:
+    """a / b is IEEE's correctly rounded quotient, as torch's: a * (1 / b) gave 0.77 / 0.77 =
+    0.99999994 (floor 0, frac 0.99999994) and large integers divided by 3 off by one (found by
+    fuzzing). A power of two divides as a product, which is the same value."""
+    x = torch.tensor([0.77, 3.0, 0.3, 1.1, -2.5, 7.0, 1e-3, 5.0])
+    y = torch.tensor([0.77, 1.5, 0.1, 1.1, 0.5, -7.0, 1e-3, 0.0])
+    n = torch.tensor([16777215, 8388609, 3, -9, 12582912, 0, 33, 99], dtype=torch.int64)
+    names = ["floor", "frac", "thirds", "eighths", "by-three"]
+    _assert_same(_outputs(Quotients(), (x, y, n), target), [o.numpy() for o in Quotients()(x, y, n)], names)

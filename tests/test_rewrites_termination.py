@@ -65,9 +65,10 @@ ADVERSARIAL = {
     "(x*2)*0.5": (lambda x: (x * 2) * 0.5, {}, set()),
     "((x*3)*0.5)*2": (lambda x: ((x * 3) * 0.5) * 2, {"mul": 1}, {3.0}),
     "x*2*3*4*5": (lambda x: x * 2 * 3 * 4 * 5, {"mul": 1}, {120.0}),
-    "((x/7)*7)/3*3": (lambda x: ((x / 7) * 7) / 3 * 3, {}, set()),  # 1/7 * 7 == 1 in float64, as 1/3 * 3
+    # a true division rounds as torch's does, so ((x / 7) * 7) is not x: nothing folds, and it saturates
+    "((x/7)*7)/3*3": (lambda x: ((x / 7) * 7) / 3 * 3, {"div": 2, "mul": 2}, {7.0, 3.0}),
     "x*0.5*0.0": (lambda x: x * 0.5 * 0.0, {"mul": 1}, {0.0}),  # x * 0 stays: NaN and inf times 0
-    "(x/3)*0.0": (lambda x: (x / 3) * 0.0, {"mul": 1}, {0.0}),
+    "(x/3)*0.0": (lambda x: (x / 3) * 0.0, {"div": 1, "mul": 1}, {3.0, 0.0}),
     "(x+1)+2-3": (lambda x: (x + 1) + 2 - 3, {}, set()),
     "relu((x*2)/2)+1": (lambda x: torch.relu((x * 2) / 2) + 1, {"max": 1, "add": 1}, {0.0, 1.0}),
     "relu(relu(x))": (lambda x: torch.relu(torch.relu(x)), {"max": 1}, {0.0}),

@@ -168,7 +168,7 @@ class Reduce:
 KExpr = Const | Index | Load | Gather | Op | Reduce
 
 # Rough costs in scalar operations, for fusion decisions and flop counts.
-OP_COST = {"exp2": 12, "log2": 12, "sin": 12, "sqrt": 4, "recip": 4, "fma": 2, "cast": 0}
+OP_COST = {"exp2": 12, "log2": 12, "sin": 12, "sqrt": 4, "recip": 4, "div": 4, "fma": 2, "cast": 0}
 
 
 def children(e: KExpr) -> tuple[KExpr, ...]:

@@ -144,8 +144,12 @@ def sin(x: Value) -> Node: return unary("sin", x)
 
 
 def div(a: Value, b: Value) -> Node:
+    """a / b correctly rounded, as torch's: a * (1 / b) is not (0.77 / 0.77 was 0.99999994, whose
+    floor is 0). The e-graph also knows it as that product, for the patterns that divide by a sum."""
+    if isinstance(b, (int, float)) and b and abs(math.frexp(b)[0]) == 0.5:
+        return mul(to_float(a), 1.0 / b)  # by a power of two: the product is the same, exactly
     a, b = float_pair(a, b)
-    return mul(a, recip(b))
+    return elementwise("div", a, b)
 
 
 def exp(x: Value) -> Node: return unary("exp2", mul(to_float(x), LOG2E))

@@ -96,6 +96,7 @@ for _name, _kind, _fn in [
     ("cast", "unary", _cast),
     ("add", "binary", _arith(np.add)),
     ("mul", "binary", _arith(np.multiply)),
+    ("div", "binary", _arith(np.divide)),  # true division, correctly rounded (floats only)
     ("mod", "binary", _mod),
     ("lt", "binary", lambda node, a, b: np.less(a, b)),
     ("max", "binary", lambda node, a, b: np.maximum(a, b)),

@@ -105,6 +105,11 @@ RULES = RuleSet("algebra", (
     Simplify("neg-mul", "(Mul (Neg x) y)", "(Neg (Mul x y))"),
     Simplify("neg-sum", "(Sum (Neg x) r)", "(Neg (Sum x r))", example={"r": 1}),
     Simplify("exp2-add", "(Mul (Exp2 x) (Exp2 y))", "(Exp2 (Add x y))"),
+    # a division by a sum is also a product with its reciprocal, the form the recognisers match
+    # (softmax's e / sum(e)). Only by a sum: elsewhere the product, not correctly rounded, would be a
+    # faster candidate the search keeps (floor(0.77 / 0.77) would be 0 again)
+    Rule("div-as-product", "(Div x (View (Sum e r) v))", "(Mul x (Recip (View (Sum e r) v)))",
+         example={**F, "e": (2, 3), "r": 1, "v": View.contiguous((2,)).reshape((2, 1)).expand((2, 3))}),
 ))
 
 EXPLOSIVE = RuleSet("assoc", (

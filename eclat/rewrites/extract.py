@@ -49,7 +49,7 @@ FUSED_REDUCTIONS = {"Softmax": 6.0, "RmsNorm": 3.0, "LayerNorm": 6.0}  # one ker
 # Winograd's transforms (rewrites.winograd): one kernel each, terms summed per output element,
 # and the attribute of the convolution that gives the output's shape
 TRANSFORMS = {"WinogradIn": (4.0, "v_shape"), "WinogradOut": (9.0, "y_shape")}
-TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt"}
+TRANSCENDENTAL = {"Exp2", "Log2", "Sin", "Sqrt", "Recip", "Rsqrt", "Div"}
 SYMBOLIC_HINT = 64  # size assumed for a symbolic dimension when estimating
 COPY = 1e12  # a runtime copy of a buffer that already exists
 # nodes computed once in a kernel of their own, whose result is a buffer; all others are fused

@@ -26,6 +26,7 @@ CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "Sqrt": ("sqrt", ("T",)), "Recip": ("recip", ("T",)), "Neg": ("neg", ("T",)),
     "Cast": ("cast", ("T", "attr")),
     "Add": ("add", ("T", "T")), "Mul": ("mul", ("T", "T")), "Mod": ("mod", ("T", "T")),
+    "Div": ("div", ("T", "T")),
     "Lt": ("lt", ("T", "T")), "Max": ("max", ("T", "T")),
     "Where": ("where", ("T", "T", "T")),
     "Sum": ("sum", ("T", "int")), "MaxReduce": ("max_reduce", ("T", "int")),
@@ -66,7 +67,7 @@ def declarations() -> str:
 
 
 # constructors whose result has the shape of their first operand
-SAME_SHAPE = ("Exp2", "Log2", "Sin", "Sqrt", "Recip", "Neg", "Cast", "Add", "Mul", "Mod", "Lt", "Max",
+SAME_SHAPE = ("Exp2", "Log2", "Sin", "Sqrt", "Recip", "Neg", "Cast", "Add", "Mul", "Div", "Mod", "Lt", "Max",
               "Where", "Contiguous", "Fma", "Rsqrt", "Softmax", "RmsNorm", "LayerNorm")
 
 

@@ -722,6 +722,7 @@ def _fma(em: KernelEmitter, e: Op) -> ir.Value:
 OPS: dict[str, OpEmitter] = {
     "add": _binary,
     "mul": _binary,
+    "div": _binary,
     "mod": _binary,
     "max": _max,
     "lt": _lt,

@@ -106,6 +106,7 @@ def _int_mod(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 FLOAT_BINARY: dict[str, Binary] = {
     "add": lambda b, x, y: b.fadd(x, y),
     "mul": lambda b, x, y: b.fmul(x, y),
+    "div": lambda b, x, y: b.fdiv(x, y),
     "mod": lambda b, x, y: b.frem(x, y),
     # NaN-propagating, like numpy; the intrinsic keeps reductions vectorisable
     "max": lambda b, x, y: b.call(intrinsic(b.module, "llvm.maximum", x.type, 2), [x, y]),
