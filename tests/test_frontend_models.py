@@ -38,7 +38,7 @@ def test_zoo_model_matches_torch(name: str) -> None:
     print(f"{name}: max abs error vs torch {err:.3g}, {sum(graph.op_counts().values())} nodes")
     assert set(graph.op_counts()) <= {
         "input", "weight", "const", "iota", "exp2", "log2", "sin", "sqrt", "recip", "neg", "cast", "add",
-        "mul", "mod", "lt", "max", "where", "sum", "max_reduce", "contiguous", "gather", "view"}
+        "mul", "div", "mod", "lt", "max", "where", "sum", "max_reduce", "contiguous", "gather", "view"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
