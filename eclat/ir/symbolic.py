@@ -211,14 +211,8 @@ def floordiv(a: sint, b: sint) -> Expr:
         # (x*c) // c -> x and (x*c + y) // c -> x + y // c when 0 <= y (x*(c/d) when y < c)
         if isinstance(a, BinOp) and a.op == "*" and isinstance(a.b, Num) and a.b.v % b.v == 0:
             return mul(a.a, a.b.v // b.v)
-        if isinstance(a, BinOp) and a.op == "+":
-            for x, y in ((a.a, a.b), (a.b, a.a)):
-                if (isinstance(x, BinOp) and x.op == "*" and isinstance(x.b, Num)
-                        and x.b.v % b.v == 0 and 0 <= bounds(y)[0] and 0 <= bounds(x)[0]):
-                    whole = mul(x.a, x.b.v // b.v)
-                    return whole if bounds(y)[1] < b.v else add(whole, floordiv(y, b))
         split = _multiples(a, b.v)
-        if split is not None:  # terms of a sum nested deeper than the pair above
+        if split is not None:
             whole, rest = split
             return whole if bounds(rest)[1] < b.v else add(whole, floordiv(rest, b))
     if involves_sizes(a, b):
@@ -230,14 +224,15 @@ def floordiv(a: sint, b: sint) -> Expr:
 
 
 def _multiples(a: Expr, d: int) -> tuple[Expr, Expr] | None:
-    """(w, r) with a = w * d + r, w gathering the terms of a whose coefficients d divides, when a
-    has such terms and every term is non-negative (so that a // d = w + r // d and a % d = r % d);
-    None otherwise."""
+    """(w, r) with a = w * d + r, w gathering the terms of a sum (however nested) whose
+    coefficients d divides, when there are such terms and w and r are non-negative (so that
+    a // d = w + r // d and a % d = r % d); None otherwise."""
     p = _poly(a)
-    if not _nonnegative(p) or not any(c % d == 0 for c in p.values()) or len(p) < 2:
+    if len(p) < 2 or not any(c % d == 0 for c in p.values()):
         return None
-    return (_expr({m: c // d for m, c in p.items() if c % d == 0}),
-            _expr({m: c for m, c in p.items() if c % d}))
+    whole = _expr({m: c // d for m, c in p.items() if c % d == 0})
+    rest = _expr({m: c for m, c in p.items() if c % d})
+    return (whole, rest) if bounds(whole)[0] >= 0 and bounds(rest)[0] >= 0 else None
 
 
 def mod(a: sint, b: sint) -> Expr:

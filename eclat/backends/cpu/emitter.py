@@ -544,9 +544,7 @@ class KernelEmitter:
             x, y = self.args(body)
             return self.b.call(intrinsic(self.mod, "llvm.fmuladd", x.type, 3), [x, y, acc],
                                fastmath=REASSOC if loop else ())
-        term = self._term(r, cands, i)
-        return accumulate(self.b, COMBINE[r.op], acc, term, r.dtype) if loop else \
-            binary(self.b, COMBINE[r.op], [acc, term], r.dtype)
+        return accumulate(self.b, COMBINE[r.op], acc, self._term(r, cands, i), r.dtype, loop)
 
     def reduce(self, r: Reduce) -> ir.Value:
         cands = reduces(r.body)

@@ -134,10 +134,11 @@ def binary(b: ir.IRBuilder, op: str, args: list[ir.Value], dt: DType) -> ir.Valu
     return emit(b, x, y)
 
 
-def accumulate(b: ir.IRBuilder, op: str, acc: ir.Value, x: ir.Value, dt: DType) -> ir.Value:
-    """acc op x as a loop's running reduction, reassociable where it is a float sum."""
+def accumulate(b: ir.IRBuilder, op: str, acc: ir.Value, x: ir.Value, dt: DType,
+               loop: bool = True) -> ir.Value:
+    """acc op x as a running reduction; in a loop, reassociable where it is a float sum."""
     v = binary(b, op, [acc, x], dt)
-    if dt.is_float and op == "add":
+    if loop and dt.is_float and op == "add":
         v.flags.extend(REASSOC)
     return v
 
