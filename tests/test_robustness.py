@@ -110,11 +110,13 @@ def test_thread_pool_library_lives_in_the_cache_and_is_rebuilt_when_damaged(tmp_
         assert len(lib.read_bytes()) == len(good)  # built again
 
 
-def test_an_unwritable_cache_still_gets_a_thread_pool(tmp_path):
-    blocker = tmp_path / "file"
+def test_an_unwritable_cache_still_gets_a_thread_pool_and_leaves_no_build_behind(tmp_path):
+    blocker, scratch = tmp_path / "file", tmp_path / "tmp"
     blocker.write_text("a file where the cache folder would be")
-    out = _run(POOL, {"ECLAT_CACHE_DIR": str(blocker / "cache")})
+    scratch.mkdir()
+    out = _run(POOL, {"ECLAT_CACHE_DIR": str(blocker / "cache"), "TMPDIR": str(scratch)})
     assert out.returncode == 0 and out.stdout.split() == ["True", "None"], out.stderr[-2000:]
+    assert list(scratch.iterdir()) == []  # the process's private build went with it
 
 
 def test_program_cache_tells_apart_models_that_differ_outside_their_state_dict(tmp_path):

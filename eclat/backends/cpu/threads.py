@@ -13,6 +13,7 @@ compiler (or a folder to build in), kernels run on one thread and compiling says
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
@@ -160,8 +161,9 @@ def _library() -> str:
     try:
         lib.parent.mkdir(parents=True, exist_ok=True)
         return _build(cc, lib, digest)
-    except OSError:  # a cache folder we cannot write: a build of this process's own
+    except OSError:  # a cache folder we cannot write: a build of this process's own, removed at exit
         private = Path(tempfile.mkdtemp(prefix="eclat-pool-"))
+        atexit.register(shutil.rmtree, private, ignore_errors=True)
         return _build(cc, private / lib.name, private / digest.name)
 
 
