@@ -276,3 +276,41 @@ def test_true_division_is_correctly_rounded(target: str) -> None:
     n = torch.tensor([16777215, 8388609, 3, -9, 12582912, 0, 33, 99], dtype=torch.int64)
     names = ["floor", "frac", "thirds", "eighths", "by-three"]
     _assert_same(_outputs(Quotients(), (x, y, n), target), [o.numpy() for o in Quotients()(x, y, n)], names)
+
+
+class Norms(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.ln, self.gn = torch.nn.LayerNorm(24), torch.nn.GroupNorm(2, 4)
+        self.inorm = torch.nn.InstanceNorm2d(4, affine=True)
+        for p in [*self.ln.parameters(), *self.gn.parameters(), *self.inorm.parameters()]:
+            torch.nn.init.normal_(p)
+
+    def forward(self, x: torch.Tensor, img: torch.Tensor) -> tuple:
+        return (self.ln(x), torch.var(x, -1), torch.std(x, -1, correction=0), self.gn(img), self.inorm(img),
+                torch.nn.functional.layer_norm(x + 1000.0, (24,)))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_norms_of_constant_rows_are_their_bias(target: str) -> None:
+    """A row of one value has mean exactly that value and deviations 0, as in torch: through
+    sum(x) / n the mean rounded off, and LayerNorm of a row of 3.7s gave 7e-4 where torch gives 0
+    (an InstanceNorm of a blank image's constant planes likewise). Rows far from 0 (1000 + x) are
+    normalised at least as accurately as torch does (against float64)."""
+    torch.manual_seed(1)
+    x = torch.randn(6, 24)
+    x[0], x[1], x[2] = 3.7, 0.1, -1234.5678
+    img = torch.randn(2, 4, 5, 7)
+    img[0] = 0.3
+    img[1, 1] = -7.1
+    got = _outputs(Norms(), (x, img), target)
+    with torch.no_grad():
+        want = [o.numpy() for o in Norms()(x, img)]
+        exact = [o.numpy() for o in Norms().double()(x.double(), img.double())]
+    names = ["layer_norm", "var", "std", "group_norm", "instance_norm", "layer_norm_offset"]
+    for name, g, w, e in zip(names, got, want, exact):
+        assert np.abs(g - e).max() <= np.abs(w - e).max() + 1e-6, name  # as close to float64 as torch
+    for k, name in [(0, "layer_norm"), (3, "group_norm"), (4, "instance_norm")]:  # the constant rows
+        np.testing.assert_allclose(got[k][0], exact[k][0], rtol=0, atol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(got[1][:3], 0.0, err_msg="var of constant rows")

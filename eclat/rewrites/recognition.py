@@ -429,10 +429,14 @@ RULES = RuleSet("recognition", (
     Rule("rmsnorm", "(Mul x (View (Recip (Sqrt (Add (Mul (View (Sum (Mul x x) r) vk) (Fill a d s1)) "
          "(Fill b d s2)))) ve))", "(RmsNorm x r a b)", ("(= 1 (keep vk r))", "(= 1 (spread ve r))"),
          example=_composite_example(lambda x: rmsnorm(x, 1, 1 / 3, 1e-5))),
-    # layer norm: the RMS norm of x minus its mean (the same scale 1/n in both), then w and b
-    Rule("layernorm", "(RmsNorm (Add x (View (Neg (Mul (View (Sum x r) vk) (Fill a d s1))) ve)) r a e)",
+    # layer norm: the RMS norm of x minus its mean (the same scale 1/n in both), then w and b. The
+    # mean is p + mean(x - p) for a pivot p of the kept shape (the frontend's: the row's first element,
+    # as the composite's own decomposition has it; equal to mean(x) for any p)
+    Rule("layernorm", "(RmsNorm (Add x (View (Neg (Add p (Mul (View (Sum (Add x (View (Neg p) vp)) r) vk) "
+         "(Fill a d s1)))) ve)) r a e)",
          "(LayerNorm x (Fill 1.0 d sx) (Fill 0.0 d sx) r a e)",
-         ("(= 1 (keep vk r))", "(= 1 (spread ve r))", "(= sx (vshape ve))"), example=_layernorm_example),
+         ("(= 1 (keep vk r))", "(= 1 (spread ve r))", "(= 1 (spread vp r))", "(= sx (vshape ve))"),
+         example=_layernorm_example),
     Rule("layernorm-scale", "(Mul (LayerNorm x (Fill 1.0 d s) (Fill 0.0 d s) r a e) w)",
          "(LayerNorm x w (Fill 0.0 d s) r a e)", example=_affine_example(True)),
     Rule("layernorm-shift", "(Add (LayerNorm x w (Fill 0.0 d s) r a e) b)", "(LayerNorm x w b r a e)",
