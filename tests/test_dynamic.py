@@ -446,3 +446,30 @@ def test_slices_from_a_run_time_end_and_slices_export_sized_at_the_example():
     with pytest.raises(eclat.UnsupportedOpError, match=r"aten.slice.*at least 1.*Dim\(min="):
         eclat.compile(Head(), (torch.randn(5, 3),), autotune="none", quiet=True,
                       dynamic_shapes=({0: Dim("d", min=1, max=33)},))
+
+
+def test_adaptive_pooling_over_run_time_sizes():
+    """Adaptive average and max pooling of a map whose size is known at run time (VGG's 7 x 7 head,
+    a pyramid's 1, 2, 3 and 6 bins): which inputs each output covers is computed at each call, in
+    integers; sizes below the output's (bins that overlap) included."""
+    class Pyramid(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            F = torch.nn.functional
+            return (F.adaptive_avg_pool2d(y, (7, 7)), F.adaptive_max_pool2d(y, 1),
+                    F.adaptive_avg_pool2d(y, (2, 3)), F.adaptive_max_pool2d(y, (6, 6)),
+                    F.adaptive_avg_pool1d(y.flatten(2), 5))
+
+    torch.manual_seed(0)
+    model = Pyramid().eval()
+    compiled = eclat.compile(model, (torch.randn(1, 3, 12, 10),), autotune="none", quiet=True,
+                             dynamic_shapes=({2: Dim("h", min=2, max=40), 3: Dim("w", min=2, max=40)},))
+    for h, w in ((2, 3), (5, 7), (12, 10), (17, 40)):
+        x = torch.randn(1, 3, h, w)
+        with torch.no_grad():
+            for got, want in zip(compiled(x), model(x)):
+                np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

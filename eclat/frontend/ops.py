@@ -957,13 +957,13 @@ def _avg_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, ceil_mode=False, 
 def _adaptive_axis(ctx: Ctx, x: Node, axis: int, o: int, reduce_op: str) -> Node:
     """Adaptive pooling along one axis: output i covers [floor(i*n/o), ceil((i+1)*n/o))."""
     n = as_int(x.shape[axis])
-    if n is None:
-        raise NotImplementedError("adaptive pooling over a symbolic size")
     if n == o:
         return x
     nd = len(x.shape)
     last = P.permute(x, [a for a in range(nd) if a != axis] + [axis])
-    if n % o == 0:
+    if n is None:  # a run-time size: which elements each output covers is computed at run time
+        out, counts = _adaptive_run_time(last, o, reduce_op)
+    elif n % o == 0:
         out = P.reshape(last, (*last.shape[:-1], o, n // o))
         out = P.reduce(reduce_op, out, [-1])
         counts = np.full(o, n // o)
@@ -977,12 +977,31 @@ def _adaptive_axis(ctx: Ctx, x: Node, axis: int, o: int, reduce_op: str) -> Node
         m = g.expand_to(ctx.constant(mask), big)
         fill = -math.inf if reduce_op == "max_reduce" else 0.0
         out = g.reduce(reduce_op, P.where(m, xe, fill), len(big) - 1)
-    if reduce_op == "sum":
+    if reduce_op == "sum" and n is None:
+        out = P.div(out, g.expand_to(counts, out.shape))
+    elif reduce_op == "sum":
         out = P.mul(out, float(1 / counts[0]) if np.all(counts == counts[0])
                     else g.expand_to(ctx.constant((1 / counts).astype(np.float32)), out.shape))
     inverse = list(range(nd - 1))
     inverse.insert(axis, nd - 1)
     return P.permute(out, inverse)
+
+
+def _adaptive_run_time(last: Node, o: int, reduce_op: str) -> tuple[Node, Node]:
+    """Adaptive pooling of last's last axis, of run-time length n, to o outputs, and each output's
+    count as a float [o]. Element j is in output i's span [floor(i*n/o), ceil((i+1)*n/o)) exactly
+    when (j + 1) * o > i * n and j * o < (i + 1) * n: integer products, no division."""
+    n = last.shape[-1]
+    size = P.size_node(n)
+    i = P.reshape(g.iota(o, DType.int64), (o, 1))
+    j = P.reshape(g.iota(n, DType.int64), (1, n))
+    inside = P.logical_and(P.lt(P.mul(i, size), P.mul(P.add(j, 1), o)),
+                           P.lt(P.mul(j, o), P.mul(P.add(i, 1), size)))  # [o, n]
+    big = (*last.shape[:-1], o, n)
+    xe = g.expand_to(P.reshape(last, (*last.shape[:-1], 1, n)), big)
+    fill = -math.inf if reduce_op == "max_reduce" else 0.0
+    out = g.reduce(reduce_op, P.where(g.expand_to(inside, big), xe, fill), len(big) - 1)
+    return out, P.reduce("sum", g.cast(inside, last.dtype), [1])
 
 
 def _adaptive(reduce_op: str) -> Callable[..., Any]:
