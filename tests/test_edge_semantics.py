@@ -14,6 +14,8 @@ computes to zero it gives 0 for //, %, fmod and trunc division (a kernel cannot 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import sympy
@@ -314,3 +316,32 @@ def test_norms_of_constant_rows_are_their_bias(target: str) -> None:
     for k, name in [(0, "layer_norm"), (3, "group_norm"), (4, "instance_norm")]:  # the constant rows
         np.testing.assert_allclose(got[k][0], exact[k][0], rtol=0, atol=1e-6, err_msg=name)
     np.testing.assert_array_equal(got[1][:3], 0.0, err_msg="var of constant rows")
+
+
+class Sampled(torch.nn.Module):
+    """A spatial transformer's sampling, and the order statistics and distances models ask for."""
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor, pts: torch.Tensor) -> tuple:
+        F = torch.nn.functional
+        return (F.grid_sample(x, grid, align_corners=False), F.grid_sample(x, grid, mode="nearest",
+                padding_mode="reflection", align_corners=True), F.grid_sample(x, grid, padding_mode="border"),
+                x.median(-1).values, x.kthvalue(2, 2).indices, torch.diagonal(x, 1, 2, 3),
+                torch.cdist(pts, pts), torch.cdist(pts, pts, p=1.0))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_grid_sampling_order_statistics_and_distances(target: str) -> None:
+    """F.grid_sample (bilinear and nearest; zeros, border and reflection padding; both corner
+    conventions) with coordinates inside, on and past the edges; median with ties and a NaN
+    (NaN, at the NaN), kthvalue's index, a diagonal view, cdist (0 from a row to itself)."""
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 5, 6)
+    x[0, 0, 0, :3] = torch.tensor([1.0, math.nan, 1.0])
+    grid = (torch.rand(2, 4, 7, 2) * 2.8 - 1.4)
+    grid[0, 0, :3] = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [0.0, 0.0]])
+    pts = torch.randn(2, 6, 4)
+    got = _outputs(Sampled(), (x, grid, pts), target)
+    want = [o.numpy() for o in Sampled()(x, grid, pts)]
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"output {k}")
+    assert np.all(np.diagonal(got[-2], axis1=1, axis2=2) == 0)

@@ -124,6 +124,8 @@ NZ = ri(1, 5, 3, 4) * torch.where(rb(3, 4), 1, -1)  # non-zero integers of both 
 SPECIAL = torch.tensor([0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e-30, 3e7, -1e9,
                         math.inf, -math.inf, math.nan])
 
+GRID = torch.cat([torch.tensor([[1.0, -1.0], [0.0, 0.0], [-1.0, 1.0], [1.3, -2.2]]),
+                  rn(2 * 4 * 3 - 4, 2, seed=3).clamp(-2.5, 2.5)]).reshape(2, 4, 3, 2)  # edges and outside
 TENSOR_CMP = (aten.lt.Tensor, aten.gt.Tensor, aten.le.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor)
 
 CASES: list[Case] = [
@@ -284,6 +286,19 @@ CASES: list[Case] = [
     C(aten.sort.stable, NC(rn(5, 3)), stable=True, dim=0, descending=True, _name="nc"),
     C(aten.topk.default, rn(3, 6), 2), C(aten.topk.default, rn(6, 3), 3, 0, False, _name="smallest"),
     C(aten.topk.default, X, 1, -1, True, True, _name="argmax-like"),
+    C(aten.kthvalue.default, rn(3, 6), 2),
+    C(aten.kthvalue.default, NC(rn(5, 3)), 4, 0, True, _name="nc-keepdim"),
+    C(aten.median.dim, rn(3, 6), 1), C(aten.median.dim, rn(5, 3), 0, True, _name="odd-keepdim"),
+    C(aten.median.dim, torch.tensor([[3.0, math.nan, 1.0, 2.0], [4.0, 1.0, 1.0, 2.0]]), 1, _name="nan-ties"),
+    C(aten.median.dim, I34, 1, _name="int"), C(aten.median.default, rn(4, 5)),
+    C(aten.diagonal.default, rn(4, 5)), C(aten.diagonal.default, rn(2, 4, 5), 1, 1, 2, _name="offset"),
+    C(aten.diagonal.default, NC(rn(5, 4)), -2, _name="nc-below"),
+    C(aten.diagonal.default, rn(3, 4, 5), 0, -1, 0, _name="last-first"),
+    C(aten._cdist_forward.default, rn(2, 5, 3), rn(2, 4, 3, seed=1), 2.0, None),
+    C(aten._cdist_forward.default, rn(5, 3), rn(5, 3), 2.0, None, _name="same-rows"),
+    C(aten._cdist_forward.default, rn(5, 3), rn(4, 3, seed=1), 1.0, None, _name="p1"),
+    C(aten._cdist_forward.default, rn(5, 3), rn(4, 3, seed=1), 3.0, None, _name="p3"),
+    C(aten._cdist_forward.default, rn(5, 3), rn(4, 3, seed=1), INF, None, _name="pinf"),
     # linear algebra
     C(aten.mm.default, rn(3, 5), rn(5, 4)), C(aten.mm.default, NC(rn(3, 5)), NC(rn(5, 4)), _name="noncontig"),
     C(aten.mm.default, rn(1, 5), rn(5, 1), _name="size1"),
@@ -355,6 +370,9 @@ CASES: list[Case] = [
     C(aten._native_batch_norm_legit.no_stats, rn(2, 3, 4, 5) * 3 + 1, rn(3), rn(3), True, 0.1, 1e-5),
     # F.unfold and F.fold
     C(aten.im2col.default, rn(2, 3, 7, 8), [3, 3], [1, 1], [1, 1], [2, 2]),
+    *(C(aten.grid_sampler_2d.default, rn(2, 3, 5, 7), GRID, mode, pad, corners,
+        _name=f"{['bilinear', 'nearest'][mode]}-{['zeros', 'border', 'reflection'][pad]}-{corners}")
+      for mode in (0, 1) for pad in (0, 1, 2) for corners in (False, True)),
     C(aten.im2col.default, rn(3, 6, 5), [2, 3], [2, 1], [1, 0], [1, 2], _name="unbatched-dilated"),
     C(aten.col2im.default, rn(2, 27, 16), [7, 8], [3, 3], [1, 1], [1, 1], [2, 2]),
     C(aten.col2im.default, rn(18, 12), [6, 5], [2, 3], [2, 1], [1, 0], [1, 2], _name="unbatched-dilated"),

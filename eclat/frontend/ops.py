@@ -569,6 +569,76 @@ def _topk(ctx: Ctx, x: Node, k: sint, dim: int = -1, largest: bool = True, sorte
     return _ranked(x, dim, k, largest)
 
 
+def _kth_smallest(x: Node, dim: int, k: sint, keepdim: bool) -> tuple[Node, Node]:
+    """The k-th smallest (from 1) of x along dim and its index, NaN ranking last (as torch.sort)."""
+    axis = _axis(dim, len(x.shape))
+    values, indices = _ranked(x, axis, k, False)
+    pick = lambda t: g.movement(t, lambda v: v.slice(axis, k - 1, k))  # noqa: E731
+    values, indices = pick(values), pick(indices)
+    if not keepdim:
+        dropped = [n for a, n in enumerate(values.shape) if a != axis]
+        values, indices = P.reshape(values, dropped), P.reshape(indices, dropped)
+    return values, indices
+
+
+def _kthvalue(ctx: Ctx, x: Node, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Node, Node]:
+    return _kth_smallest(x, dim, k, keepdim)
+
+
+def _median_dim(ctx: Ctx, x: Node, dim: int = 0, keepdim: bool = False) -> tuple[Node, Node]:
+    """The lower median along dim and its index; a row holding NaN has median NaN at its first
+    NaN's index, as in torch."""
+    axis = _axis(dim, len(x.shape))
+    n = x.shape[axis]
+    values, indices = _kth_smallest(x, axis, (n - 1) // 2 + 1, keepdim)
+    if not x.dtype.is_float:
+        return values, indices
+    nan = P.isnan(x)
+    where = g.expand_to(P.reshape(g.iota(n, DType.int64), (n,) + (1,) * (len(x.shape) - axis - 1)), x.shape)
+    first = _min_reduce(P.where(nan, where, P.lift(P.size_node(n), DType.int64)), [axis], keepdim)
+    found = P.lt(first, P.lift(P.size_node(n), DType.int64))
+    return P.where(found, P.lift(math.nan, x.dtype), values), P.where(found, first, indices)
+
+
+def _median(ctx: Ctx, x: Node) -> Node:
+    values, _ = _median_dim(ctx, P.reshape(x, (prod(x.shape),)), 0)
+    return values
+
+
+def _diagonal(ctx: Ctx, x: Node, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Node:
+    """torch.diagonal: a view stepping both axes at once, the diagonal last."""
+    nd = len(x.shape)
+    a, b = _axis(dim1, nd), _axis(dim2, nd)
+    strides = View.contiguous(x.shape).strides
+    rest = [k for k in range(nd) if k not in (a, b)]
+    first = max(-offset, 0) * strides[a] + max(offset, 0) * strides[b]
+    outer = View.make([*(x.shape[k] for k in rest), ctx.out_shape[-1]],
+                      [*(strides[k] for k in rest), strides[a] + strides[b]], first)
+    return g.movement(x, lambda v: outer if v.is_contiguous else compose(v, outer))
+
+
+def _cdist(ctx: Ctx, x1: Node, x2: Node, p: float, compute_mode: int | None = None) -> Node:
+    """torch.cdist: the p-norm distance of every row of x1 [.., P, M] to every row of x2 [.., R, M],
+    from the differences themselves (torch's matrix-product form for p = 2 on large inputs rounds
+    |a|^2 + |b|^2 - 2ab, which gives equal rows a distance above 0)."""
+    *lead, rows, m = x1.shape
+    cols = x2.shape[-2]
+    full = (*lead, rows, cols, m)
+    d = P.abs_(P.sub(g.expand_to(P.reshape(x1, (*lead, rows, 1, m)), full),
+                     g.expand_to(P.reshape(x2, (*lead, 1, cols, m)), full)))
+    axis = len(full) - 1
+    if p == 0:
+        return g.reduce("sum", g.cast(P.ne(d, 0.0), d.dtype), axis)
+    if math.isinf(p):
+        return g.reduce("max_reduce", d, axis)
+    if p == 1:
+        return g.reduce("sum", d, axis)
+    if p == 2:
+        return P.sqrt(g.reduce("sum", P.mul(d, d), axis))
+    power = lambda t, e: _pow_scalar_exponent(ctx, t, e)  # noqa: E731  (d >= 0: exp2 of log2 is defined)
+    return power(g.reduce("sum", power(d, p), axis), 1 / p)
+
+
 # --- linear algebra ---------------------------------------------------------------------------
 
 def _product(a: Node, b: Node) -> Node:
@@ -1645,6 +1715,75 @@ def _scatter(accumulate: bool) -> Callable[..., Node]:
     return lower
 
 
+def _reflected(c: Node, low2: Node, high2: Node) -> Node:
+    """c reflected into [low2 / 2, high2 / 2] as torch's grid sampler reflects (span 0: 0)."""
+    low, span = P.mul(low2, 0.5), P.mul(P.sub(high2, low2), 0.5)
+    c = P.abs_(P.sub(c, low))
+    extra = P.elementwise("mod", c, span)
+    flips = P.floor(P.div(c, span))
+    even = P.eq(g.binary("mod", flips, P.lift(2.0, c.dtype, c.shape)), 0.0)
+    out = P.where(even, P.add(extra, low), P.add(P.sub(span, extra), low))
+    return P.where(P.eq(span, 0.0), 0.0, out)
+
+
+def _grid_source(coord: Node, size: sint, padding_mode: int, align_corners: bool) -> Node:
+    """A normalised grid coordinate in [-1, 1] as a position along an input axis of `size`, padded
+    as torch's grid sampler pads (0 zeros, 1 border, 2 reflection), in its order of operations."""
+    n = g.cast(P.size_node(size), coord.dtype)
+    one = P.lift(1.0, coord.dtype)
+    if align_corners:
+        c = P.mul(P.div(P.add(coord, 1.0), 2.0), P.sub(n, one))
+    else:
+        c = P.div(P.sub(P.mul(P.add(coord, 1.0), n), one), 2.0)
+    clip = lambda t: P.minimum(P.maximum(t, 0.0), P.sub(n, one))  # noqa: E731
+    if padding_mode == 1:
+        c = clip(c)
+    elif padding_mode == 2:
+        two = P.lift(2.0, coord.dtype)
+        low2, high2 = (P.lift(0.0, coord.dtype), P.mul(two, P.sub(n, one))) if align_corners else \
+            (P.lift(-1.0, coord.dtype), P.sub(P.mul(two, n), one))
+        c = clip(_reflected(c, low2, high2))
+    return c
+
+
+def _grid_sampler_2d(ctx: Ctx, x: Node, grid: Node, interpolation_mode: int, padding_mode: int,
+                     align_corners: bool) -> Node:
+    """F.grid_sample on 4-D input (bilinear or nearest): each output reads its taps through one
+    gather of the input's channel rows, a tap outside the input reading 0."""
+    if interpolation_mode not in (0, 1):
+        raise NotImplementedError("grid_sample with bicubic interpolation")
+    n, c, h, w = x.shape
+    _, ho, wo, _ = grid.shape
+    grid = P.to_float(grid)
+    coord = lambda k: P.reshape(g.movement(grid, lambda v: v.slice(3, k, k + 1)), (n, ho, wo))  # noqa: E731
+    ix = _grid_source(coord(0), w, padding_mode, align_corners)
+    iy = _grid_source(coord(1), h, padding_mode, align_corners)
+    table = P.reshape(P.permute(x, [0, 2, 3, 1]), (n * h * w, c))  # channel rows of each pixel
+    batch = g.expand_to(P.reshape(g.iota(n, DType.int64), (n, 1, 1)), (n, ho, wo))
+    hi_x, hi_y = (P.sub(g.cast(P.size_node(d), ix.dtype), 1.0) for d in (w, h))
+
+    def tap(ty: Node, tx: Node) -> Node:
+        """The input at integral float positions (ty, tx) [n, ho, wo] -> [n, ho, wo, c], 0 outside."""
+        inside = P.logical_and(P.logical_and(P.ge(tx, 0.0), P.le(tx, hi_x)),
+                               P.logical_and(P.ge(ty, 0.0), P.le(ty, hi_y)))
+        at = lambda t, hi: g.cast(P.where(inside, t, 0.0), DType.int64)  # noqa: E731
+        lin = P.add(P.mul(P.add(P.mul(batch, P.size_node(h)), at(ty, hi_y)), P.size_node(w)), at(tx, hi_x))
+        rows = g.gather(table, lin)
+        return P.where(g.expand_to(P.reshape(inside, (n, ho, wo, 1)), rows.shape), rows, P.lift(0, x.dtype))
+
+    weighted = lambda t, wt: P.mul(t, g.expand_to(P.reshape(wt, (n, ho, wo, 1)), t.shape))  # noqa: E731
+    if interpolation_mode == 1:
+        out = tap(_round(ctx, iy), _round(ctx, ix))
+    else:
+        x0, y0 = P.floor(ix), P.floor(iy)
+        x1, y1 = P.add(x0, 1.0), P.add(y0, 1.0)
+        out = weighted(tap(y0, x0), P.mul(P.sub(x1, ix), P.sub(y1, iy)))
+        out = P.add(out, weighted(tap(y0, x1), P.mul(P.sub(ix, x0), P.sub(y1, iy))))
+        out = P.add(out, weighted(tap(y1, x0), P.mul(P.sub(x1, ix), P.sub(iy, y0))))
+        out = P.add(out, weighted(tap(y1, x1), P.mul(P.sub(ix, x0), P.sub(iy, y0))))
+    return _out(ctx, P.permute(out, [0, 3, 1, 2]))
+
+
 def _embedding(ctx: Ctx, weight: Node, idx: Node, *_: Any) -> Node:
     ctx.index_range(idx, 0, weight.shape[0])
     return g.gather(weight, idx)
@@ -1835,6 +1974,9 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.logcumsumexp.default: _logcumsumexp,
     aten.cummax.default: _running_extreme(True), aten.cummin.default: _running_extreme(False),
     aten.sort.default: _sort, aten.sort.stable: _sort_stable, aten.topk.default: _topk,
+    aten.kthvalue.default: _kthvalue, aten.median.dim: _median_dim, aten.median.default: _median,
+    aten.diagonal.default: _diagonal, aten._cdist_forward.default: _cdist,
+    aten.grid_sampler_2d.default: _grid_sampler_2d,
     # linear algebra, convolution, pooling, normalisation
     aten.mm.default: _mm, aten.bmm.default: _mm,
     aten.addmm.default: _addmm, aten.baddbmm.default: _addmm,
