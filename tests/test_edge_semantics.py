@@ -345,3 +345,24 @@ def test_grid_sampling_order_statistics_and_distances(target: str) -> None:
     for k, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"output {k}")
     assert np.all(np.diagonal(got[-2], axis1=1, axis2=2) == 0)
+
+
+class Special(torch.nn.Module):
+    def forward(self, x: torch.Tensor, p: torch.Tensor) -> tuple:
+        return torch.erfc(x), torch.lgamma(x), torch.digamma(x), torch.erfinv(p)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_special_functions_match_torch_at_their_poles_tails_and_edges(target: str) -> None:
+    """erfc keeps its relative accuracy in the tail (1 - erf would be 0 past 4); lgamma and digamma
+    at their poles (+inf; -inf at 0 and NaN at the negative integers for digamma), at +-inf and
+    through the reflection below 1/2; erfinv at +-1 (+-inf) and past them (NaN)."""
+    edges = [0.0, -1.0, -2.5, 1.0, 2.0, 0.5, 1e-30, INF, -INF, NAN, 1e30, -3.0, 4.5, 9.0]
+    x = torch.cat([torch.tensor(edges), torch.linspace(-9.9, 12.0, 223)])
+    p = torch.tensor([1.0, -1.0, 0.0, 1.5, NAN, 0.9999999, -0.9999, 0.5, 1e-7, -0.3])
+    got = _outputs(Special(), (x, p), target)
+    want = [o.numpy() for o in Special()(x, p)]
+    for name, g, w in zip(["erfc", "lgamma", "digamma", "erfinv"], got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-5, equal_nan=True, err_msg=name)
+    tail = ((x > 4) & (want[0] > 1.2e-38)).numpy()  # (not denormals: eclat's exp gives 0 below 2^-126)
+    np.testing.assert_allclose(got[0][tail], want[0][tail], rtol=1e-5, atol=0, err_msg="erfc tail")

@@ -1928,7 +1928,9 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.signbit.default: _signbit,
     aten.tanh.default: _float_unary(P.tanh),
     aten.sigmoid.default: _float_unary(P.sigmoid),
-    aten.erf.default: _float_unary(P.erf),
+    aten.erf.default: _float_unary(P.erf), aten.erfc.default: _float_unary(P.erfc),
+    aten.erfinv.default: _float_unary(P.erfinv), aten.lgamma.default: _float_unary(P.lgamma),
+    aten.digamma.default: _float_unary(P.digamma),
     aten.isnan.default: lambda ctx, x: P.isnan(x) if x.dtype.is_float else _out(ctx, False),
     aten.isinf.default: lambda ctx, x: (P.logical_or(P.eq(x, math.inf), P.eq(x, -math.inf))
                                         if x.dtype.is_float else _out(ctx, False)),
