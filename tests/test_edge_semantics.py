@@ -366,3 +366,34 @@ def test_special_functions_match_torch_at_their_poles_tails_and_edges(target: st
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-5, equal_nan=True, err_msg=name)
     tail = ((x > 4) & (want[0] > 1.2e-38)).numpy()  # (not denormals: eclat's exp gives 0 below 2^-126)
     np.testing.assert_allclose(got[0][tail], want[0][tail], rtol=1e-5, atol=0, err_msg="erfc tail")
+
+
+class Aggregated(torch.nn.Module):
+    """A graph layer's neighbourhood aggregation (scatter_reduce, as PyG's) and a recommender's
+    EmbeddingBag over offsets with an empty bag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.bag = torch.nn.EmbeddingBag(30, 5, mode="mean")
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, edges: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor
+                ) -> tuple:
+        msg = self.lin(x)[edges[0]]
+        index = edges[1].unsqueeze(1).expand(-1, x.shape[1])
+        mean = torch.zeros_like(x).scatter_reduce(0, index, msg, "mean", include_self=False)
+        most = x.scatter_reduce(0, index, msg, "amax")
+        return mean, most, self.bag(ids, offsets)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_graph_aggregation_and_embedding_bags(target: str) -> None:
+    torch.manual_seed(4)
+    x, edges = torch.randn(7, 4), torch.randint(0, 6, (2, 15))  # node 6 receives nothing
+    ids, offsets = torch.randint(0, 30, (12,)), torch.tensor([0, 3, 3, 9])
+    got = _outputs(Aggregated(), (x, edges, ids, offsets), target)
+    with torch.no_grad():
+        want = [o.numpy() for o in Aggregated()(x, edges, ids, offsets)]
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"output {k}")

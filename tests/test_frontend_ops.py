@@ -126,6 +126,8 @@ SPECIAL = torch.tensor([0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e-30, 3e7, -1e9,
 
 GRID = torch.cat([torch.tensor([[1.0, -1.0], [0.0, 0.0], [-1.0, 1.0], [1.3, -2.2]]),
                   rn(2 * 4 * 3 - 4, 2, seed=3).clamp(-2.5, 2.5)]).reshape(2, 4, 3, 2)  # edges and outside
+SIDX = torch.randint(0, 5, (8, 3), generator=torch.Generator().manual_seed(5))  # repeats and gaps
+BAG_IDX, BAG_OFF = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 19]), torch.tensor([0, 4, 4, 7])  # an empty bag
 TENSOR_CMP = (aten.lt.Tensor, aten.gt.Tensor, aten.le.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor)
 
 CASES: list[Case] = [
@@ -293,6 +295,18 @@ CASES: list[Case] = [
     C(aten.sort.stable, NC(rn(5, 3)), stable=True, dim=0, descending=True, _name="nc"),
     C(aten.topk.default, rn(3, 6), 2), C(aten.topk.default, rn(6, 3), 3, 0, False, _name="smallest"),
     C(aten.topk.default, X, 1, -1, True, True, _name="argmax-like"),
+    *(C(aten.scatter_reduce.two, rn(5, 3), 0, SIDX, rn(8, 3, seed=1), how, include_self=own,
+        _name=f"{how}-{own}")
+      for how in ("sum", "prod", "mean", "amax", "amin") for own in (True, False)),
+    C(aten.scatter_reduce.two, torch.tensor([1.0, 2.0, 3.0]), 0, torch.tensor([0, 0, 2]),
+      torch.tensor([math.nan, 5.0, -INF]), "amax", _name="nan-inf"),
+    C(aten._embedding_bag.default, rn(20, 6), BAG_IDX, BAG_OFF, False, 0),
+    C(aten._embedding_bag.default, rn(20, 6), BAG_IDX, BAG_OFF, False, 1, _name="mean"),
+    C(aten._embedding_bag.default, rn(20, 6), BAG_IDX, BAG_OFF, False, 2, _name="max"),
+    C(aten._embedding_bag.default, rn(20, 6), BAG_IDX, BAG_OFF, False, 0, False, rn(10, seed=4),
+      _name="weighted"),
+    C(aten._embedding_bag.default, rn(20, 6), BAG_IDX, torch.tensor([0, 4, 4, 7, 10]), False, 1, False, None,
+      True, 4, _name="last-offset-padding"),
     C(aten.kthvalue.default, rn(3, 6), 2),
     C(aten.kthvalue.default, NC(rn(5, 3)), 4, 0, True, _name="nc-keepdim"),
     C(aten.median.dim, rn(3, 6), 1), C(aten.median.dim, rn(5, 3), 0, True, _name="odd-keepdim"),

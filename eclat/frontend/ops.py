@@ -1784,6 +1784,89 @@ def _grid_sampler_2d(ctx: Ctx, x: Node, grid: Node, interpolation_mode: int, pad
     return _out(ctx, P.permute(out, [0, 3, 1, 2]))
 
 
+_SCATTER_REDUCE = {"sum": ("sum", 0.0), "mean": ("sum", 0.0), "amax": ("max_reduce", -math.inf),
+                   "amin": ("min", math.inf), "prod": ("prod", 1.0)}  # reduction, its identity
+_SCATTER_WITH_SELF = {"sum": P.add, "max_reduce": P.maximum, "min": P.minimum, "prod": P.mul}
+
+
+def _reduce_last(ctx: Ctx, x: Node, how: str) -> Node:
+    axis = len(x.shape) - 1
+    if how == "min":
+        return _min_reduce(x, [axis], False)
+    return _prod(ctx, x, axis) if how == "prod" else g.reduce(how, x, axis)
+
+
+def _scatter_reduce(ctx: Ctx, x: Node, dim: int, index: Node, src: Node, reduce: str,
+                    *, include_self: bool = True) -> Node:
+    """x.scatter_reduce(dim, index, src, reduce): each target element combined with every src
+    element scattered to it (sum, prod, mean, amax, amin), by a one-hot match of targets and
+    updates; a target nothing lands on keeps its value. NaN propagates through amax and amin as
+    in torch (max_reduce propagates it)."""
+    if reduce not in _SCATTER_REDUCE:
+        raise NotImplementedError(f"scatter_reduce with reduce={reduce!r}")
+    if reduce == "mean" and not x.dtype.is_float:
+        raise NotImplementedError("scatter_reduce mean of an integer tensor (torch floors it)")
+    how, identity = _SCATTER_REDUCE[reduce]
+    axis = _axis(dim, len(x.shape))
+    ctx.index_range(index, 0, x.shape[axis] if x.shape else 1)
+    lin = P.reshape(_flat_positions(x, axis, index), (prod(index.shape),))
+    src = g.movement(src, lambda v: v.shrink([(0, n) for n in index.shape]))
+    vals = P.reshape(g.cast(src, x.dtype), (prod(index.shape),))
+    flat = P.reshape(x, (prod(x.shape),))
+    rows, b = flat.shape[0], lin.shape[0]
+    target = g.expand_to(P.reshape(g.iota(rows, DType.int64), (rows, 1)), (rows, b))
+    hits = P.eq(target, g.expand_to(lin, (rows, b)))
+    picked = P.where(hits, g.expand_to(P.reshape(vals, (1, b)), (rows, b)), P.lift(identity, x.dtype))
+    combined = _reduce_last(ctx, picked, how)  # [rows]
+    count = g.reduce("sum", g.cast(hits, DType.int64), 1)
+    if include_self:
+        combined = _SCATTER_WITH_SELF[how](flat, combined)
+        count = P.add(count, 1)
+    if reduce == "mean":
+        combined = P.div(combined, g.cast(P.maximum(count, 1), x.dtype))
+    out = P.where(P.lt(P.lift(0, DType.int64), count), combined, flat)
+    return P.reshape(out, x.shape)
+
+
+def _embedding_bag(ctx: Ctx, weight: Node, indices: Node, offsets: Node, scale_grad_by_freq: bool = False,
+                   mode: int = 0, sparse: bool = False, per_sample_weights: Node | None = None,
+                   include_last_offset: bool = False, padding_idx: int | None = -1) -> tuple:
+    """nn.EmbeddingBag: the rows of `indices` gathered, and bag b (from offsets[b] to the next
+    offset) summed (mode 0, weighted by per_sample_weights if given), averaged (1) or maxed (2);
+    an empty bag gives 0, rows at padding_idx take no part. Bag membership is computed at the call
+    from the offsets: one compare per bag and index."""
+    ctx.index_range(indices, 0, weight.shape[0])
+    n, bags = indices.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
+    rows = g.gather(weight, g.cast(indices, DType.int64))  # [n, d]
+    d = weight.shape[1]
+    j = P.reshape(g.iota(n, DType.int64), (1, n))
+    column = lambda lo, hi: g.cast(P.reshape(g.movement(offsets, lambda v: v.slice(0, lo, hi)),  # noqa: E731
+                                             (hi - lo, 1)), DType.int64)
+    starts = column(0, bags)
+    if include_last_offset:
+        ends = column(1, bags + 1)
+    else:  # the next bag's start, the last bag's end the number of indices
+        ends = _concatenated([column(1, bags), P.lift(n, DType.int64, (1, 1))], 0, (bags, 1))
+    member = P.logical_and(P.le(starts, j), P.lt(j, ends))  # [bags, n]
+    if padding_idx is not None and padding_idx >= 0:
+        member = P.logical_and(member, P.ne(P.reshape(indices, (1, n)), padding_idx))
+    if per_sample_weights is not None:
+        rows = P.mul(rows, P.reshape(g.cast(per_sample_weights, rows.dtype), (n, 1)))
+    full = (bags, d, n)
+    inside = g.expand_to(P.reshape(member, (bags, 1, n)), full)
+    spread = g.expand_to(P.reshape(P.permute(rows, [1, 0]), (1, d, n)), full)
+    count = g.reduce("sum", g.cast(member, rows.dtype), 1)  # [bags]
+    if mode == 2:
+        out = g.reduce("max_reduce", P.where(inside, spread, P.lift(-math.inf, rows.dtype)), 2)
+        out = P.where(g.expand_to(P.reshape(P.lt(0.0, count), (bags, 1)), (bags, d)), out, 0.0)
+    else:
+        out = g.reduce("sum", P.where(inside, spread, P.lift(0.0, rows.dtype)), 2)
+        if mode == 1:
+            out = P.div(out, g.expand_to(P.reshape(P.maximum(count, 1.0), (bags, 1)), (bags, d)))
+    gone = Unavailable("embedding_bag's offset2bag, bag sizes and max indices")
+    return out, gone, gone, gone
+
+
 def _embedding(ctx: Ctx, weight: Node, idx: Node, *_: Any) -> Node:
     ctx.index_range(idx, 0, weight.shape[0])
     return g.gather(weight, idx)
@@ -2022,7 +2105,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.gather.default: _gather_dim,
     aten.index_put.default: _index_put,
     aten.scatter.src: _scatter(False), aten.scatter.value: _scatter(False),
-    aten.scatter_add.default: _scatter(True),
+    aten.scatter_add.default: _scatter(True), aten.scatter_reduce.two: _scatter_reduce,
+    aten._embedding_bag.default: _embedding_bag,
     aten.embedding.default: _embedding,
     # creation, casts, no-ops
     aten.full.default: _full, aten.full_like.default: _full,
