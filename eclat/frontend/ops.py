@@ -329,16 +329,19 @@ def _min_dim(ctx: Ctx, x: Node, dim: int, keepdim: bool = False) -> tuple[Node, 
 
 
 def _centred(x: Node, axes: list[int]) -> tuple[Node, Node]:
-    """(x - mean, mean) over axes, kept dims. The mean is p + mean(x - p), p each row's first element:
-    a constant row's mean is exactly its value and its deviations 0, as torch's are (sum(x) / n
-    rounds: LayerNorm of a row of 3.7s gave 7e-4, not 0), and a row far from 0 loses less."""
+    """(x - mean, mean) over axes, kept dims, from the deviations y = x - p of each row's first
+    element p: (y - mean(y), p + mean(y)). A constant row's deviations are exactly 0, as torch's
+    (through sum(x) / n the mean rounded: LayerNorm of a row of 3.7s gave 7e-4, not 0), and a row
+    far from 0 keeps its accuracy (x - (p + mean(y)) lost mean(y)'s low bits: var of 1e6 + randn
+    was 1e-3 off)."""
     if any(bounds(to_expr(x.shape[a]))[0] < 1 for a in axes):  # a row that may be empty has no first element
         mean = P.mean(x, axes, keepdim=True)
         return P.sub(x, mean), mean
     first = [(0, 1) if k in axes else (0, n) for k, n in enumerate(x.shape)]
     pivot = g.movement(x, lambda v: v.shrink(first))
-    mean = P.add(pivot, P.mean(P.sub(x, pivot), axes, keepdim=True))
-    return P.sub(x, mean), mean
+    y = P.sub(x, pivot)
+    shift = P.mean(y, axes, keepdim=True)
+    return P.sub(y, shift), P.add(pivot, shift)
 
 
 def _var(ctx: Ctx, x: Node, dim: Any = None, *, correction: float | None = None,

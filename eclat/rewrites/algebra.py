@@ -23,6 +23,8 @@ the back-off scheduler still match subsumed nodes, so exploration reassociates t
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import graph as g
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
@@ -59,6 +61,15 @@ def _view_of_fill() -> Graph:
     x = g.input_("x", (2, 3))
     c = g.expand_to(g.unary("neg", g.const(3.0)), (2, 3))
     return Graph([x], [g.binary("add", x, c)], {})
+
+
+def _sum_with_weights() -> Graph:
+    """(x + y) + z with y and z weights (Static: known when compiling)."""
+    x = g.input_("x", (2, 3))
+    y, z = (np.arange(6, dtype=np.float32).reshape(2, 3) / k for k in (3, 7))
+    weight = lambda name, v: g.weight(name, v, DType.float32)  # noqa: E731
+    out = g.binary("add", g.binary("add", x, weight("y", y)), weight("z", z))
+    return Graph([x], [out], {"y": y, "z": z})
 
 
 RULES = RuleSet("algebra", (
@@ -115,7 +126,13 @@ RULES = RuleSet("algebra", (
 EXPLOSIVE = RuleSet("assoc", (
     Rule("add-comm", "(Add x y)", "(Add y x)"),
     Rule("mul-comm", "(Mul x y)", "(Mul y x)"),
-    Rule("add-assoc", "(Add (Add x y) z)", "(Add x (Add y z))"),
+    # Sums regroup only around terms known when compiling (Static): two of them join (and fold),
+    # one moves outward. Run-time terms keep the order written: x - max(x) - log(sum) regrouped as
+    # x - (max(x) + log(sum)) loses log(sum) in max's rounding (log_softmax of logits near 1e6)
+    Rule("add-assoc", "(Add (Add x y) z)", "(Add x (Add y z))", ("(Static y)", "(Static z)"),
+         example=_sum_with_weights),
+    Rule("add-known-out", "(Add (Add x y) z)", "(Add (Add x z) y)", ("(Static y)",),
+         example=_sum_with_weights),
     Rule("mul-assoc", "(Mul (Mul x y) z)", "(Mul x (Mul y z))"),
     # not x*z + x*z: that is x * (1 + 1), a constant made from constants
     Rule("factor", "(Add (Mul x z) (Mul y z))", "(Mul (Add x y) z)", ("(!= x y)",)),
@@ -158,7 +175,8 @@ def fill_sums(enc) -> list[tuple[str, tuple[int, ...], int]]:
 def fill_shapes(enc) -> list[tuple[str, tuple[int, ...], int]]:
     """The shape ids the `types` analysis reads: vshape(view), leafshape(leaf), and drop(shape, axis)
     = the shape without that axis, closed under repeated drops; unmasked(view) = 1 for a view without
-    a mask. Runs after the fillers that add views and leaves (fill_sums among them)."""
+    a mask; known(leaf) = 1 for a leaf that is not an input. Runs after the fillers that add views
+    and leaves (fill_sums among them)."""
     out = []
     for i, a in enumerate(list(enc.attrs)):
         if isinstance(a, View):
@@ -167,6 +185,8 @@ def fill_shapes(enc) -> list[tuple[str, tuple[int, ...], int]]:
                 out.append(("unmasked", (i,), 1))
         elif isinstance(a, Node) and a.kind == "leaf":
             out.append(("leafshape", (i,), enc.shape_id(a.shape)))
+            if a.op != "input":
+                out.append(("known", (i,), 1))
     todo = [key[1] for key in enc.ids if key[0] == "shape"]
     done: set[tuple] = set()
     while todo:

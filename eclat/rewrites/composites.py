@@ -10,8 +10,8 @@
   makes it 0, as torch's scaled_dot_product_attention has it (its "safe softmax").
 - rmsnorm(x, axis, scale, eps): x / sqrt(sum(x * x along axis) * scale + eps), the sum
   broadcast back along axis (arg = (axis, scale, eps); scale is 1/n for a mean).
-- layernorm(x, w, b, axis, scale, eps): rmsnorm(x - mean) * w + b, the mean p + sum(x - p along
-  axis) * scale (p the row's first element: `center`) broadcast back along axis; w and b have x's
+- layernorm(x, w, b, axis, scale, eps): rmsnorm(y - sum(y along axis) * scale) * w + b for
+  y = x - p (p the row's first element: `center`), broadcast back along axis; w and b have x's
   shape (a broadcast view of a [D] weight; a constant 1 / 0 when the norm has no affine part,
   which the decomposition leaves out).
 - attention(q, kt, v, mask, axis, scale, vs, vp, safe): matmul(view(softmax(view(matmul(q, kt), vs) *
@@ -184,16 +184,16 @@ def _rmsnorm_numpy(node: Node, x: np.ndarray) -> np.ndarray:
 
 
 def center(x: Node, axis: int, scale: float) -> Node:
-    """x - mean, the mean taken as the frontend takes it: p + sum(x - p along axis) * scale, p the
-    row's first element. A constant row's mean is then exactly its value and its deviations 0, as
-    torch's (sum(x) * scale rounds off a constant row's value: LayerNorm of 3.7s gave 7e-4, not 0)."""
+    """x - mean as the frontend takes it: y - sum(y along axis) * scale for y = x - p, p the row's
+    first element. A constant row's deviations are then exactly 0, as torch's (sum(x) * scale
+    rounds off a constant row's value: LayerNorm of 3.7s gave 7e-4, not 0)."""
     full = tuple(x.shape)
     pivot = g.movement(x, lambda v: v.shrink([(0, 1) if k == axis else (0, n) for k, n in enumerate(full)]))
     spread = lambda t: g.movement(t, lambda v: v.expand(full))  # noqa: E731
-    deviations = g.binary("add", x, spread(g.unary("neg", pivot)))
-    total, _ = _keep_expand(g.reduce("sum", deviations, axis), axis, full)
-    mean = g.binary("add", pivot, g.binary("mul", total, g.expand_to(g.const(scale, x.dtype), total.shape)))
-    return g.binary("add", x, spread(g.unary("neg", mean)))
+    y = g.binary("add", x, spread(g.unary("neg", pivot)))
+    total, _ = _keep_expand(g.reduce("sum", y, axis), axis, full)
+    shift = g.binary("mul", total, g.expand_to(g.const(scale, x.dtype), total.shape))
+    return g.binary("add", y, spread(g.unary("neg", shift)))
 
 
 def layernorm(x: Node, w: Node, b: Node, axis: int, scale: float, eps: float) -> Node:
@@ -216,8 +216,8 @@ def _decompose_layernorm(node: Node) -> Node:
 def _layernorm_numpy(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     axis, scale, eps = node.arg
     t = x.dtype.type
-    p = np.take(x, [0], axis=axis)
-    c = x + -(p + np.sum(x + -p, axis=axis, keepdims=True) * t(scale))
+    y = x + -np.take(x, [0], axis=axis)
+    c = y + -(np.sum(y, axis=axis, keepdims=True) * t(scale))
     ms = np.sum(c * c, axis=axis, keepdims=True) * t(scale) + t(eps)
     return (c * np.reciprocal(np.sqrt(ms)) * w + b).astype(node.dtype.np)
 

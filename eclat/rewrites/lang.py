@@ -51,6 +51,7 @@ ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "sp
            "mm_ow": 4, "scale_a": 5, "scale_b": 5, "vcomp": 2, "kscale_a": 3, "kscale_b": 3,  # affine.py
            "kscale_copied_a": 4, "kscale_copied_b": 4,
            "rereads": 1,  # fusion.py
+           "known": 1,  # a leaf whose value is known when compiling (a weight, iota, a constant)
            "wconv": 3, "wgg": 3, "wfilter": 3, "wu": 3, "wout": 3,  # winograd.py
            "late_o": 6, "late_row": 6,  # recognition.py: a product normalised after it
            **{name: 8 for name in ("g_idx", "g_out", "g_cond", "g_ishape", "g_gshape", "g_idt", "g_n")}}
@@ -63,7 +64,8 @@ def declarations() -> str:
     oracles = "\n".join(f"(function {name} ({' '.join(['i64'] * n)}) i64 :merge old)"
                         for name, n in ORACLES.items())
     return (f"(datatype T {ctors})\n{oracles}\n(relation Out (i64 T))\n(relation FloatDT (i64))\n"
-            f"(function shp (T) i64 :merge old)\n{_shape_analysis()}\n")
+            f"(function shp (T) i64 :merge old)\n(relation Static (T))\n{_shape_analysis()}\n"
+            f"{_static_analysis()}\n")
 
 
 # constructors whose result has the shape of their first operand
@@ -84,6 +86,22 @@ def _shape_analysis() -> str:
     rules = "\n".join(f'(rule ({f}) ((set (shp e) s)) :ruleset types :name "shape-{c}")'
                       for c, f in facts.items())
     return f"(ruleset types)\n{rules}"
+
+
+def _static_analysis() -> str:
+    """Rules of the `types` rule set: (Static e) for a class whose value depends on no input (known
+    leaves and constants, and any op of static operands), the values the e-graph may regroup freely:
+    regrouping them folds constants; regrouping run-time values changes what cancels first."""
+    rules = ['(rule ((= e (Leaf l)) (= 1 (known l))) ((Static e)) :ruleset types :name "static-Leaf")',
+             '(rule ((= e (Fill a d s))) ((Static e)) :ruleset types :name "static-Fill")']
+    for c, (_, kinds) in CTORS.items():
+        if c in ("Leaf", "Fill"):
+            continue
+        args = [f"a{k}" for k in range(len(kinds))]
+        static = " ".join(f"(Static {a})" for a, kind in zip(args, kinds) if kind == "T")
+        rules.append(f'(rule ((= e ({c} {" ".join(args)})) {static}) ((Static e)) :ruleset types '
+                     f':name "static-{c}")')
+    return "\n".join(rules)
 
 
 # --- s-expressions ------------------------------------------------------------------------

@@ -430,10 +430,10 @@ RULES = RuleSet("recognition", (
          "(Fill b d s2)))) ve))", "(RmsNorm x r a b)", ("(= 1 (keep vk r))", "(= 1 (spread ve r))"),
          example=_composite_example(lambda x: rmsnorm(x, 1, 1 / 3, 1e-5))),
     # layer norm: the RMS norm of x minus its mean (the same scale 1/n in both), then w and b. The
-    # mean is p + mean(x - p) for a pivot p of the kept shape (the frontend's: the row's first element,
-    # as the composite's own decomposition has it; equal to mean(x) for any p)
-    Rule("layernorm", "(RmsNorm (Add x (View (Neg (Add p (Mul (View (Sum (Add x (View (Neg p) vp)) r) vk) "
-         "(Fill a d s1)))) ve)) r a e)",
+    # deviations are y - mean(y) for y = x - p, p a pivot of the kept shape (the frontend's: the row's
+    # first element, as the composite's own decomposition has it; the same for any p)
+    Rule("layernorm", "(RmsNorm (Add (Add x (View (Neg p) vp)) (View (Neg (Mul (View (Sum (Add x "
+         "(View (Neg p) vp)) r) vk) (Fill a d s1))) ve)) r a e)",
          "(LayerNorm x (Fill 1.0 d sx) (Fill 0.0 d sx) r a e)",
          ("(= 1 (keep vk r))", "(= 1 (spread ve r))", "(= 1 (spread vp r))", "(= sx (vshape ve))"),
          example=_layernorm_example),
