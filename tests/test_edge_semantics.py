@@ -397,3 +397,38 @@ def test_graph_aggregation_and_embedding_bags(target: str) -> None:
         want = [o.numpy() for o in Aggregated()(x, edges, ids, offsets)]
     for k, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"output {k}")
+
+
+class LogSoftmax(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(x, -1)
+
+
+class Spread(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple:
+        return (torch.logsumexp(x, -1), torch.var(x, -1), torch.std(x, 0),
+                torch.var_mean(x, -1, correction=0)[0])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_log_softmax_and_variance_keep_their_accuracy_far_from_zero(target: str) -> None:
+    """log_softmax is (x - max) - log(sum): regrouped by the e-graph as x - (max + log(sum)), the
+    log was lost in max's rounding (logits near 1e6: 0.024 off; 1e8: 0 where torch gives -2.08).
+    var and std of 1e6 + x centre x - p first (p a row's first element): x - (p + mean) was 1e-3
+    off. Found by fuzzing with adversarial inputs."""
+    torch.manual_seed(5)
+    logits = torch.full((4, 8), 1e6)
+    logits[:, 0] += 1.0
+    logits[1] = 1e8
+    logits[2] += torch.randn(8)
+    offset = torch.randn(6, 8)
+    offset[:2] += 1e6
+    offset[3] += 1e3
+    spread = ["logsumexp", "var", "std", "var_mean"]
+    for model, x, names in ((LogSoftmax(), logits, ["log_softmax"]), (Spread(), offset, spread)):
+        got = _outputs(model, (x,), target)
+        want = [o.numpy() for o in torch.utils._pytree.tree_leaves(model(x))]
+        exact = [o.numpy() for o in torch.utils._pytree.tree_leaves(model(x.double()))]
+        for name, g, w, e in zip(names, got, want, exact):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)
+            assert np.abs(g - e).max() <= np.abs(w - e).max() * 2 + 1e-6, name
