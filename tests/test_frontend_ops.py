@@ -128,6 +128,8 @@ GRID = torch.cat([torch.tensor([[1.0, -1.0], [0.0, 0.0], [-1.0, 1.0], [1.3, -2.2
                   rn(2 * 4 * 3 - 4, 2, seed=3).clamp(-2.5, 2.5)]).reshape(2, 4, 3, 2)  # edges and outside
 SIDX = torch.randint(0, 5, (8, 3), generator=torch.Generator().manual_seed(5))  # repeats and gaps
 BAG_IDX, BAG_OFF = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 19]), torch.tensor([0, 4, 4, 7])  # an empty bag
+POW_BASES = torch.tensor([-INF, -3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.7, INF, math.nan])
+POW_EXPONENTS = torch.tensor([-INF, -3.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 2.5, 1e10, 3e7 + 1, INF, math.nan])
 TENSOR_CMP = (aten.lt.Tensor, aten.gt.Tensor, aten.le.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor)
 
 CASES: list[Case] = [
@@ -163,7 +165,10 @@ CASES: list[Case] = [
     C(aten.pow.Tensor_Tensor, pos(3, 4), rn(4)),
     C(aten.pow.Tensor_Tensor, torch.zeros(3), torch.tensor([0., 1., 2.]),
                                                    _name="zero-base"),
+    C(aten.pow.Tensor_Tensor, POW_BASES.repeat_interleave(len(POW_EXPONENTS)),
+      POW_EXPONENTS.repeat(len(POW_BASES)), _name="negative-bases-and-specials"),
     C(aten.pow.Scalar, 2.0, X), C(aten.pow.Scalar, 0.5, X, _name="half"),
+    C(aten.pow.Scalar, -2.0, torch.tensor([0.0, 1.0, 2.0, 3.0, -1.0, 0.5, INF]), _name="negative-base"),
     C(aten.abs.default, X), C(aten.abs.default, I34, _name="int"),
     C(aten.sign.default, torch.cat([X.flatten(), SPECIAL[:2]])), C(aten.sign.default, I34, _name="int"),
     C(aten.floor.default, torch.cat([X.flatten() * 3, SPECIAL])), C(aten.floor.default, I34, _name="int"),

@@ -118,11 +118,24 @@ def _pow(ctx: Ctx, x: Value, e: Value) -> Node:
         return _pow_scalar_exponent(ctx, P.lift(x, ctx.out_dtype), e)
     if not ctx.out_dtype.is_float:
         raise NotImplementedError("integer tensor to an integer tensor power")
-    if not isinstance(x, Node) and x <= 0:
-        raise NotImplementedError(f"{x} to a tensor power (needs a positive base)")
-    x, e = _out(ctx, x), _out(ctx, e)
-    general = g.unary("exp2", P.mul(g.unary("log2", x), e))
-    return P.where(P.eq(e, 0.0), 1.0, general)  # x**0 == 1 even for x == 0
+    return _power(_out(ctx, x), _out(ctx, e))
+
+
+def _power(x: Node, e: Node) -> Node:
+    """x ** e for float tensors, as C's pow: |x| ** e through exp2 and log2, negated for a negative
+    base and an odd integral exponent, NaN for a finite negative base and a fractional one; x ** 0
+    and 1 ** e are 1 (1 ** inf and 1 ** nan too), (-1) ** +-inf is 1."""
+    size = P.abs_(x)
+    magnitude = g.unary("exp2", P.mul(g.unary("log2", size), e))
+    whole = P.eq(e, P.floor(e))  # +-inf count as even integers, as in C
+    odd = P.logical_and(P.logical_and(whole, P.lt(P.abs_(e), 2.0**24)),
+                        P.ne(P.elementwise("mod", e, 2.0), 0.0))
+    negative = P.lt(x, 0.0)
+    out = P.where(P.logical_and(negative, odd), P.neg(magnitude), magnitude)
+    fractional = P.logical_and(P.logical_and(negative, P.logical_not(whole)), P.lt(size, math.inf))
+    out = P.where(fractional, math.nan, out)
+    one = P.logical_or(P.eq(e, 0.0), P.eq(x, 1.0))
+    return P.where(P.logical_or(one, P.logical_and(P.eq(size, 1.0), P.eq(P.abs_(e), math.inf))), 1.0, out)
 
 
 def _clamp(ctx: Ctx, x: Value, min: Value | None = None, max: Value | None = None) -> Node:
