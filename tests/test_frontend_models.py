@@ -275,21 +275,34 @@ def test_mutating_an_input_is_refused_clearly() -> None:
         lower(AddsToItsInput(), (torch.randn(2),))
 
 
-class UsesErfinv(torch.nn.Module):
+class UsesBessel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * 0.5
-        return torch.erfinv(y)  # the unsupported line
+        return torch.special.i0(y)  # the unsupported line
 
 
 def test_unsupported_op_names_op_and_source_line() -> None:
     with pytest.raises(UnsupportedOpError) as info:
-        lower(UsesErfinv(), (torch.randn(4, 5),))
+        lower(UsesBessel(), (torch.randn(4, 5),))
     lines = open(__file__).read().splitlines()
-    line = next(k for k, text in enumerate(lines, 1) if "erfinv" in text and "# the unsupported line" in text)
+    line = next(k for k, text in enumerate(lines, 1) if "i0(y)" in text and "# the unsupported line" in text)
     msg = str(info.value)
-    assert "aten.erfinv.default" in msg
-    assert f"test_frontend_models.py:{line} in forward: return torch.erfinv(y)" in msg
-    assert info.value.op == "aten.erfinv.default"
+    assert "aten.i0.default" in msg
+    assert f"test_frontend_models.py:{line} in forward: return torch.special.i0(y)" in msg
+    assert info.value.op == "aten.i0.default"
+
+
+class Inverts(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.inv(x + 4 * torch.eye(3))
+
+
+def test_an_op_with_side_effects_is_named_with_the_function_called() -> None:
+    """linalg's error checks reach eclat as an effect token: the refusal names them, their linalg
+    function and the source line, not the token."""
+    with pytest.raises(UnsupportedOpError, match=r"_linalg_check_errors.*test_frontend_models.py:\d+ in "
+                                                  r"forward.*side effects \(of linalg.inv"):
+        lower(Inverts(), (torch.randn(3, 3),))
 
 
 class DataDependent(torch.nn.Module):

@@ -228,6 +228,12 @@ def _placeholder(ep, ctx: Ctx, node: torch.fx.Node, spec, val: Any, inputs: list
         ctx.weights[spec.target] = array
         tied[key] = g.weight(spec.target, array, dtype)
         return tied[key]
+    for user in node.users:  # a token threads an op with side effects (linalg's error checks)
+        if user.target is torch.ops.higher_order.with_effects and len(user.args) > 1:
+            names = [a for a in user.args[2:] if isinstance(a, str)]  # linalg's checks name their op
+            raise UnsupportedOpError(_op_name(user.args[1]), source_line(user),
+                                     f"an op with side effects{''.join(f' (of {n})' for n in names)}: "
+                                     "torch.export threads it with a token")
     raise UnsupportedOpError(f"graph input of kind {spec.kind.name}", detail=node.name)
 
 
