@@ -130,6 +130,7 @@ SIDX = torch.randint(0, 5, (8, 3), generator=torch.Generator().manual_seed(5))  
 BAG_IDX, BAG_OFF = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 19]), torch.tensor([0, 4, 4, 7])  # an empty bag
 POW_BASES = torch.tensor([-INF, -3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.7, INF, math.nan])
 POW_EXPONENTS = torch.tensor([-INF, -3.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 2.5, 1e10, 3e7 + 1, INF, math.nan])
+BOUNDS = torch.tensor([-1.0, 0.0, 0.5, 2.0])
 TENSOR_CMP = (aten.lt.Tensor, aten.gt.Tensor, aten.le.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor)
 
 CASES: list[Case] = [
@@ -312,6 +313,15 @@ CASES: list[Case] = [
       _name="weighted"),
     C(aten._embedding_bag.default, rn(20, 6), BAG_IDX, torch.tensor([0, 4, 4, 7, 10]), False, 1, False, None,
       True, 4, _name="last-offset-padding"),
+    C(aten.bucketize.Tensor, torch.cat([SPECIAL, rn(8)]), BOUNDS),
+    C(aten.bucketize.Tensor, torch.cat([SPECIAL, rn(8)]), BOUNDS, right=True, out_int32=True, _name="right"),
+    C(aten.searchsorted.Tensor, BOUNDS, rn(3, 4)), C(aten.searchsorted.Tensor, BOUNDS, rn(5), side="right",
+                                                     _name="side"),
+    C(aten.searchsorted.Tensor, torch.sort(rn(3, 5)).values, rn(3, 4, seed=1), _name="rows"),
+    C(aten.triu_indices.default, 4, 5, 1), C(aten.tril_indices.default, 5, 3, -1),
+    C(aten.copysign.Tensor, X, torch.cat([SPECIAL[:2], Y.flatten()[2:]]).reshape(3, 4)),
+    C(aten.ldexp.Tensor, X, ri(-4, 5, 3, 4)),
+    C(aten.rrelu_with_noise_functional.default, X, torch.zeros(3, 4)),
     C(aten.kthvalue.default, rn(3, 6), 2),
     C(aten.kthvalue.default, NC(rn(5, 3)), 4, 0, True, _name="nc-keepdim"),
     C(aten.median.dim, rn(3, 6), 1), C(aten.median.dim, rn(5, 3), 0, True, _name="odd-keepdim"),

@@ -201,6 +201,20 @@ def _hypot(ctx: Ctx, a: Node, b: Node) -> Node:
     return _out(ctx, P.where(P.eq(big, math.inf), math.inf, out))
 
 
+def _rrelu(ctx: Ctx, x: Node, noise: Node, lower: float = 0.125, upper: float = 1 / 3,
+           training: bool = False, generator: Any = None) -> tuple[Node, Node]:
+    """RReLU at inference: a leaky ReLU of slope (lower + upper) / 2 (training draws slopes)."""
+    if training:
+        raise NotImplementedError("rrelu in training mode (call model.eval() first)")
+    slope = (lower + upper) / 2
+    return P.where(P.lt(0.0, x), x, P.mul(x, slope)), noise
+
+
+def _copysign(ctx: Ctx, x: Node, y: Node) -> Node:
+    size = P.abs_(P.to_float(x))
+    return _out(ctx, P.where(_signbit(ctx, P.to_float(y)), P.neg(size), size))
+
+
 def _signbit(ctx: Ctx, x: Node) -> Node:
     """x < 0, and True for -0.0 (1 / -0.0 is -inf)."""
     if not x.dtype.is_float:
@@ -653,6 +667,46 @@ def _cdist(ctx: Ctx, x1: Node, x2: Node, p: float, compute_mode: int | None = No
         return P.sqrt(g.reduce("sum", P.mul(d, d), axis))
     power = lambda t, e: _pow_scalar_exponent(ctx, t, e)  # noqa: E731  (d >= 0: exp2 of log2 is defined)
     return power(g.reduce("sum", power(d, p), axis), 1 / p)
+
+
+def _counted_below(values: Node, boundaries: Node, right: bool, out_int32: bool) -> Node:
+    """For each value, how many boundaries lie below it (at or below when right): its bucket,
+    as torch.bucketize and torch.searchsorted count. boundaries is 1-D, or rows matching
+    values' leading dims. NaN counts as above every boundary."""
+    n = boundaries.shape[-1]
+    if len(boundaries.shape) == 1:
+        full = (*values.shape, n)
+        b = g.expand_to(boundaries, full)
+    else:
+        full = (*values.shape, n)
+        b = g.expand_to(P.reshape(boundaries, (*boundaries.shape[:-1], 1, n)), full)
+    v = g.expand_to(P.reshape(values, (*values.shape, 1)), full)
+    below = P.le(b, v) if right else P.lt(b, v)
+    dtype = DType.int32 if out_int32 else DType.int64
+    count = g.reduce("sum", g.cast(below, dtype), len(full) - 1)
+    if values.dtype.is_float:
+        count = P.where(P.isnan(values), P.lift(P.size_node(n), dtype), count)
+    return count
+
+
+def _bucketize(ctx: Ctx, x: Node, boundaries: Node, *, out_int32: bool = False, right: bool = False) -> Node:
+    if len(boundaries.shape) != 1:
+        raise ValueError(f"bucketize needs 1-D boundaries, got shape {list(boundaries.shape)}")
+    return _counted_below(x, boundaries, right, out_int32)
+
+
+def _searchsorted(ctx: Ctx, sorted_sequence: Node, x: Node, *, out_int32: bool = False, right: bool = False,
+                  side: str | None = None, sorter: Node | None = None) -> Node:
+    if sorter is not None:
+        raise NotImplementedError("searchsorted with a sorter")
+    return _counted_below(x, sorted_sequence, right or side == "right", out_int32)
+
+
+def _triangle_indices(upper: bool) -> Callable[..., Node]:
+    def lower(ctx: Ctx, row: int, col: int, offset: int = 0, **_: Any) -> Node:
+        rows, cols = (np.triu_indices if upper else np.tril_indices)(row, offset, col)
+        return ctx.constant(np.stack([rows, cols]).astype(np.int64))
+    return lower
 
 
 # --- linear algebra ---------------------------------------------------------------------------
@@ -2078,6 +2132,11 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.kthvalue.default: _kthvalue, aten.median.dim: _median_dim, aten.median.default: _median,
     aten.diagonal.default: _diagonal, aten._cdist_forward.default: _cdist,
     aten.grid_sampler_2d.default: _grid_sampler_2d,
+    aten.bucketize.Tensor: _bucketize, aten.searchsorted.Tensor: _searchsorted,
+    aten.triu_indices.default: _triangle_indices(True), aten.tril_indices.default: _triangle_indices(False),
+    aten.copysign.Tensor: _copysign,
+    aten.ldexp.Tensor: lambda ctx, x, e: _out(ctx, P.mul(P.to_float(x), g.unary("exp2", P.to_float(e)))),
+    aten.rrelu_with_noise_functional.default: _rrelu,
     # linear algebra, convolution, pooling, normalisation
     aten.mm.default: _mm, aten.bmm.default: _mm,
     aten.addmm.default: _addmm, aten.baddbmm.default: _addmm,
