@@ -16,6 +16,7 @@ Modes:
         estimate exceeds best measured x margin is pruned without timing.
   full  exhaustive: every candidate is timed (the reference that fast is compared against).
 
+Times within TIE (2%) of the fastest are a tie, won by the smaller roofline estimate.
 With rounds > 1 the candidates that ran are timed again, in turns, rounds - 1 more times, and a
 candidate's time is the median of its rounds: a shared machine's slow (or fast) spell then falls
 on all of them alike, where timing each back to back would hand it to whichever ran then.
@@ -43,6 +44,9 @@ from .progress import progress
 from .roofline import DEFAULT_MARGIN, should_prune
 
 FAST_LIMIT = 4  # candidates timed at most per kernel in "fast" mode
+# times this close are a tie, won by the smaller roofline estimate: timing noise alone then never
+# decides (two programs of a few microseconds, one with half the FLOPs, were chosen by it)
+TIE = 0.02
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,12 @@ def search(candidates: Sequence[Candidate], *, time_fn: TimeFn, check_fn: CheckF
                 times[i].append(us)
     median = {i: statistics.median(ts) for i, ts in times.items()}
     weighed = {i: us * (penalty_fn(ordered[i]) if penalty_fn else 1.0) for i, us in median.items()}
-    winner = next((i for i in sorted(weighed, key=weighed.get) if accepted(ordered[i])), None)
+    fair = [i for i in weighed if accepted(ordered[i])]
+    winner = None
+    if fair:  # within TIE of the fastest is a tie, which the roofline's estimate breaks
+        fastest = min(weighed[i] for i in fair)
+        winner = min((i for i in fair if weighed[i] <= fastest * (1 + TIE)),
+                     key=lambda i: (ordered[i].estimate_us, weighed[i]))
     stats.failures = len(failures)
     if winner is None:
         shown = "; ".join(f"{f.schedule}: {f.stage} failed: {f.reason}" for f in failures[:5])
