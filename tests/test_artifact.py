@@ -265,3 +265,21 @@ def test_opencl_round_trip(saved, tmp_path):
     outs = loaded(x.numpy())
     for got, want in zip(outs, saved["want"]):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+class ReturnsConstants(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple:
+        return x * 2, None, x.shape[0], 2.5, {"flag": True, "y": x + 1}
+
+
+def test_outputs_that_are_constants_come_back_as_python_values(tmp_path):
+    """None, Python numbers and bools among the outputs are returned as torch returns them, not as
+    0-d tensors (a None crashed the compile), from the compiled model and from its artifact."""
+    model, x = ReturnsConstants(), torch.randn(3, 4)
+    compiled = eclat.compile(model, (x,), autotune="none", quiet=True)
+    compiled.save(tmp_path / "c.eclat")
+    for m in (compiled, eclat.load(tmp_path / "c.eclat")):
+        y, none, rows, scale, rest = m(x)
+        torch.testing.assert_close(y, x * 2)
+        assert none is None and rows == 3 and type(rows) is int and scale == 2.5 and rest["flag"] is True
+        torch.testing.assert_close(rest["y"], x + 1)

@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import ArtifactError, EclatError
-from ..ir.graph import State
+from ..ir.graph import Returned, State
 from ..ir.symbolic import Expr, evaluate
 from .buckets import Bucket, SizeBuckets, merge_weights
 from .encoding import decode_program, encode_program
@@ -356,9 +356,14 @@ def _manifest_of(model: Any, program: Program, exe: Any, target_name: str, nativ
 
 
 def _out_spec_text(spec: Any) -> str | None:
-    """The output structure as torch's pytree JSON (read back only when torch is in use)."""
+    """The output structure as torch's pytree JSON (read back only when torch is in use); with
+    outputs that are constants, {"tree": that JSON, "constants": [[position, value], ...]}."""
     if spec is None or isinstance(spec, str):
         return spec
+    if isinstance(spec, Returned):
+        tree = _out_spec_text(spec.tree)
+        constants = sorted(spec.constants.items())
+        return None if tree is None else json.dumps({"tree": tree, "constants": constants})
     import warnings
 
     from torch.utils._pytree import treespec_dumps

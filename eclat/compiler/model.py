@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtypes import DType
-from ..ir.graph import State
+from ..ir.graph import Returned, State
 from ..ir.symbolic import bind_sizes, describe_shape
 from .report import CompileReport
 from .specs import InputSpec, in_gpu_memory, is_array, is_torch, leaves
@@ -172,17 +172,16 @@ class CompiledModel:
         return self._structured(tensors)
 
     def _structured(self, tensors: list[Any]) -> Any:
-        """tensors in the model's own output structure."""
+        """tensors in the model's own output structure (with the outputs it returns as constants)."""
         import torch
 
         if isinstance(self.out_spec, str):  # as an artifact stores it: torch's pytree JSON
-            try:
-                self.out_spec = torch.utils._pytree.treespec_loads(self.out_spec)
-            except Exception as e:  # torch's own errors for a spec it cannot read
-                why = f"{type(e).__name__}: {e}"
-                raise ValueError(f"the stored output structure cannot be read: {why}") from None
-        if hasattr(self.out_spec, "num_leaves") and not self.out_spec.is_leaf():
-            return torch.utils._pytree.tree_unflatten(tensors, self.out_spec)
+            self.out_spec = _read_out_spec(self.out_spec)
+        spec = self.out_spec
+        if isinstance(spec, Returned):
+            tensors, spec = spec.merged(tensors), spec.tree
+        if hasattr(spec, "num_leaves") and not spec.is_leaf():
+            return torch.utils._pytree.tree_unflatten(tensors, spec)
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
     def _check_sizes(self, arrays: Any) -> None:
@@ -292,3 +291,20 @@ def _one_at_a_time(run: Callable[[list[Any]], list[Any]], lock: threading.Lock) 
         with lock:  # the whole program runs: `wanted` (some outputs only) is the CPU's
             return run(arrays)
     return locked
+
+
+def _read_out_spec(text: str) -> Any:
+    """An output structure as an artifact stores it: torch's pytree JSON, or {"tree": that JSON,
+    "constants": [[flat position, value], ...]} when some outputs are constants."""
+    import json
+
+    import torch
+
+    try:
+        stored = json.loads(text)
+        if isinstance(stored, dict) and "constants" in stored:
+            tree = torch.utils._pytree.treespec_loads(stored["tree"])
+            return Returned(tree, {int(k): v for k, v in stored["constants"]})
+        return torch.utils._pytree.treespec_loads(text)
+    except Exception as e:  # torch's own errors for a spec it cannot read
+        raise ValueError(f"the stored output structure cannot be read: {type(e).__name__}: {e}") from None

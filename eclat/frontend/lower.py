@@ -21,7 +21,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from eclat.errors import ExportError, UnsupportedOpError
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
-from eclat.ir.graph import Graph, Node, State
+from eclat.ir.graph import Graph, Node, Returned, State
 from eclat.ir.symbolic import Var, as_int
 
 from .context import INT_MAX, Ctx, Unavailable, ir_dtype
@@ -170,9 +170,14 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
             if isinstance(val, torch.Tensor) and not isinstance(env[node], Unavailable):
                 _check(node, env[node], ctx)
         elif node.op == "output":
-            outputs = [convert_output(ctx, env[o] if isinstance(o, torch.fx.Node) else o)
-                       for o, spec in zip(node.args[0], ep.graph_signature.output_specs)
-                       if _user_output(spec)]
+            specs = ep.graph_signature.output_specs
+            returned = [env[o] if isinstance(o, torch.fx.Node) else o
+                        for o, spec in zip(node.args[0], specs) if _user_output(spec)]
+            constants = {k: v for k, v in enumerate(returned) if v is None or type(v) in (bool, int, float)}
+            outputs = [convert_output(ctx, v) for k, v in enumerate(returned) if k not in constants]
+            if not outputs:
+                raise UnsupportedOpError("a model that returns no tensor", source_line(node),
+                                         f"it returns only {[returned[k] for k in sorted(constants)]}")
             updates = {spec.target: o for o, spec in zip(node.args[0], ep.graph_signature.output_specs)
                        if spec.kind == OutputKind.BUFFER_MUTATION}
     state_list = []
@@ -180,8 +185,9 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
         state, outs = _state_update(name, x, updates[name], env, ep)
         state_list.append(state)
         outputs += outs
-    return Graph(inputs + list(states.values()), outputs, weights, ep.call_spec.out_spec, ctx.index_ranges,
-                 ctx.divisors, state_list)
+    out_spec = Returned(ep.call_spec.out_spec, constants) if constants else ep.call_spec.out_spec
+    return Graph(inputs + list(states.values()), outputs, weights, out_spec, ctx.index_ranges, ctx.divisors,
+                 state_list)
 
 
 def _state_update(name: str, x: Node, new: torch.fx.Node, env: dict, ep) -> tuple[State, list[Node]]:

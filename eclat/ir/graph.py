@@ -248,6 +248,23 @@ class State:
         return 1 if self.axis is None else 2
 
 
+@dataclass(frozen=True)
+class Returned:
+    """How a model's outputs nest when some are constants: `tree`, torch's pytree spec of every
+    output, and `constants`, flat position -> a value known when compiling (None, a Python number)
+    that the program does not compute. Its flat outputs are the others, in order."""
+
+    tree: Any
+    constants: dict[int, Any]
+
+    def merged(self, computed: list[Any]) -> list[Any]:
+        """Every flat output: the computed ones with the constants put back in their places."""
+        out, it = [], iter(computed)
+        for k in range(len(self.constants) + len(computed)):
+            out.append(self.constants[k] if k in self.constants else next(it))
+        return out
+
+
 @dataclass
 class Graph:
     inputs: list[Node]
