@@ -45,6 +45,7 @@ class CausalLM:
 
     def __init__(self, prefill: CompiledModel, decode: CompiledModel, max_len: int, chunk: int,
                  agreement: dict[str, Any] | None = None):
+        _check_programs(prefill, decode, max_len, chunk)
         self.prefill, self.decode, self.max_len, self.chunk = prefill, decode, max_len, chunk
         # with rounded weights: how its next-token distributions compare with the model's (agreement())
         self.agreement = agreement
@@ -96,7 +97,7 @@ class CausalLM:
         """The prompt's continuation: greedy (the most likely token each step, as transformers'
         generate(do_sample=False)), or sampled at `temperature` from the `top_k` most likely with a
         numpy generator seeded by `seed`. Stops after max_new_tokens or at eos_token_id."""
-        tokens = [int(t) for t in np.asarray(prompt).reshape(-1)]
+        tokens = _token_ids(prompt)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be at least 0, given {max_new_tokens}")
         if len(tokens) + max_new_tokens > self.max_len:
@@ -127,6 +128,33 @@ class CausalLM:
         return first, new_tokens / (time.perf_counter() - start)
 
 
+def _token_ids(prompt: Any) -> list[int]:
+    """One prompt's token ids: a sequence of integers, or a [1, n] array (batch 1). A batch of
+    several prompts or ids that are not integers is a ValueError, not read as something else."""
+    ids = np.asarray(prompt)
+    if ids.ndim == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.ndim != 1:
+        raise ValueError(f"generate takes one prompt (a list of token ids, or shape [1, n]), given shape "
+                         f"{list(ids.shape)}")
+    if ids.size and ids.dtype.kind not in "iu":
+        raise ValueError(f"token ids must be integers, given {ids.dtype}")
+    return [int(t) for t in ids]
+
+
+def _check_programs(prefill: CompiledModel, decode: CompiledModel, max_len: int, chunk: int) -> None:
+    """That the two programs take chunk and one token ids and hold caches of max_len positions (a
+    saved folder's lm.json edited, or programs of another compile, fail here, not mid-generation)."""
+    for name, program, rows in (("prefill", prefill, chunk), ("decode", decode, 1)):
+        ids = tuple(program.inputs[0].shape) if program.inputs else None
+        if ids != (1, rows):
+            raise ValueError(f"the {name} program takes token ids of shape {list(ids or [])}, "
+                             f"not [1, {rows}]")
+        lengths = {s.initial.shape[s.axis] for s in program.state_specs if s.axis is not None}
+        if lengths and lengths != {max_len}:
+            raise ValueError(f"the {name} program's cache holds {sorted(lengths)} positions, not {max_len}")
+
+
 def load_lm(path: str) -> CausalLM:
     """The CausalLM a folder written by CausalLM.save holds."""
     from .compiler.model import load
@@ -138,8 +166,11 @@ def load_lm(path: str) -> CausalLM:
         max_len, chunk = int(meta["max_len"]), int(meta["chunk"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ArtifactError(f"{path}: not a saved language model ({type(e).__name__}: {e})") from None
-    return CausalLM(load(os.path.join(path, PREFILL)), load(os.path.join(path, DECODE)), max_len, chunk,
-                    meta.get("agreement"))
+    prefill, decode = load(os.path.join(path, PREFILL)), load(os.path.join(path, DECODE))
+    try:
+        return CausalLM(prefill, decode, max_len, chunk, meta.get("agreement"))
+    except ValueError as e:
+        raise ArtifactError(f"{path}: its {LM_JSON} disagrees with its programs: {e}") from None
 
 
 def _sample(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int | None) -> int:

@@ -1,11 +1,14 @@
 """Generation with an eclat-owned KV cache: transformers decoders exported with their static cache,
 a prefill and a decode program sharing the cache; greedy tokens match transformers' generate."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 import eclat
+from eclat.errors import ArtifactError
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,6 +101,11 @@ def test_bad_requests_name_the_problem(gpt2):
         lm.logits([])
     with pytest.raises(ValueError, match="chunk must be"):
         eclat.compile_lm(_model("gpt2"), max_len=8, chunk=9)
+    with pytest.raises(ValueError, match=r"one prompt .* given shape \[2, 2\]"):  # not read as one
+        lm.generate([[5, 6], [7, 8]], 3)
+    with pytest.raises(ValueError, match="token ids must be integers, given float64"):  # not truncated
+        lm.generate([5.7, 6.2], 3)
+    assert lm.generate(np.array([[5, 6]]), 2) == lm.generate([5, 6], 2)  # a batch of one is a prompt
 
 
 @pytest.mark.slow
@@ -128,6 +136,12 @@ def test_the_cli_compiles_saves_and_generates(tmp_path, capsys):
     lm = eclat.load(str(out))
     assert isinstance(lm, eclat.CausalLM) and (lm.max_len, lm.chunk) == (16, 4)
     want = lm.generate([5, 6, 7], 6)
+    meta = json.loads((out / "lm.json").read_text())
+    for edit in ({"max_len": 160}, {"chunk": 8}):  # an lm.json that disagrees with its programs
+        (out / "lm.json").write_text(json.dumps({**meta, **edit}))
+        with pytest.raises(ArtifactError, match="disagrees with its programs"):
+            eclat.load(str(out))
+    (out / "lm.json").write_text(json.dumps(meta))
     capsys.readouterr()
     assert main(["generate", str(out), "--tokens", "5,6,7", "--max-new-tokens", "6"]) == 0
     assert capsys.readouterr().out.strip() == ",".join(map(str, want))
