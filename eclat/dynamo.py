@@ -46,12 +46,14 @@ def eclat_backend(gm: Any, example_inputs: list[Any], options: dict[str, Any] | 
     settings = {"target": "cpu", "autotune": "none", **options}
     if sized is not None:
         return _sized_runner(gm, example_inputs, sized, settings)
-    compiled = _compiled(gm, list(example_inputs), None, settings)
-    if compiled is None:
-        return gm.forward
+    tensors, made = list(example_inputs), []
 
     def run(*args: Any) -> Any:
-        out = compiled(*args)
+        if not made:  # at the first call: torch.export cannot run while dynamo builds a frame's guards
+            made.append(_compiled(gm, tensors, None, settings))
+        if made[0] is None:
+            return gm.forward(*args)
+        out = made[0](*args)
         return out if isinstance(out, (tuple, list)) else (out,)  # dynamo expects a sequence
 
     return run
@@ -118,8 +120,9 @@ def _symbolic(gm: Any, example_inputs: list[Any], max_size: int) -> tuple[Any, l
     if None in reads.values():
         return None
     tensors = [example_inputs[k] for k in tensor_of]
-    dims = {name: Dim(f"size{i}", min=2, max=max(max_size, int(tensors[j].shape[d])))
-            for i, (name, (j, d)) in enumerate(where.items())}
+    # AUTO: a size dynamo made symbolic that the graph pins (a Linear's features) becomes static
+    dims = {name: Dim.AUTO(min=2, max=max(max_size, int(tensors[j].shape[d])))
+            for name, (j, d) in where.items()}
     dynamic = tuple({d: dims[name] for name, (jj, d) in where.items() if jj == j} or None
                     for j in range(len(tensors)))
 
