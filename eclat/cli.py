@@ -594,6 +594,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("eclat: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader stopped early (`eclat inspect --json | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except Exception as e:  # one line for scripts and people; the traceback is for ECLAT_DEBUG=1
         if os.environ.get("ECLAT_DEBUG"):
             raise

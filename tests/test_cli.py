@@ -253,6 +253,17 @@ def test_module_entry_point():
     assert r.returncode == 0 and all(c in r.stdout for c in ("compile", "autotune", "devices"))
 
 
+def test_a_reader_that_stops_early_is_not_an_error(work):
+    """`eclat inspect --json | head`: the closed pipe ends the command quietly (it printed
+    "eclat: error: BrokenPipeError" and exited 1)."""
+    with subprocess.Popen([sys.executable, "-m", "eclat.cli", "inspect", str(work["artifact"]), "--json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT) as p:
+        p.stdout.read(1)
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=60) == 0 and "error" not in err, err
+
+
 def test_cuda_artifact_without_a_cuda_device(work, tmp_path, capsys):
     from eclat.compiler.pipeline import device_missing
 
