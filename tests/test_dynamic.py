@@ -390,28 +390,13 @@ def test_upsampling_by_whole_scales_over_run_time_sizes():
     run time, by scale_factor or by an output size twice the input's: each output's source is a
     function of its position modulo the scale, so one compile serves every size (edges included:
     a single row). A scale that is not a whole number is refused, naming the op and its line."""
-    class Decoder(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    def upsampled(y):
+        F = torch.nn.functional
+        near = F.interpolate(y, scale_factor=2, mode="nearest")
+        smooth = F.interpolate(y, size=(y.shape[2] * 2, y.shape[3] * 2), mode="bilinear", align_corners=False)
+        return near * smooth, F.interpolate(y, scale_factor=3, mode="bilinear")
 
-        def forward(self, x):
-            y = self.conv(x)
-            near = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
-            size = (y.shape[2] * 2, y.shape[3] * 2)
-            smooth = torch.nn.functional.interpolate(y, size=size, mode="bilinear", align_corners=False)
-            third = torch.nn.functional.interpolate(y, scale_factor=3, mode="bilinear")
-            return near * smooth, third
-
-    torch.manual_seed(0)
-    model = Decoder().eval()
-    compiled = eclat.compile(model, (torch.randn(1, 3, 6, 5),), autotune="none", quiet=True,
-                             dynamic_shapes=({2: Dim("h", min=1, max=32), 3: Dim("w", min=1, max=32)},))
-    for h, w in ((1, 1), (1, 7), (6, 5), (13, 32)):
-        x = torch.randn(1, 3, h, w)
-        with torch.no_grad():
-            for got, want in zip(compiled(x), model(x)):
-                np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    _matches_at_image_sizes(ConvThen(upsampled), (6, 5), 1, 32, ((1, 1), (1, 7), (6, 5), (13, 32)), 1e-5)
 
     class Fractional(torch.nn.Module):
         def forward(self, x):
@@ -452,24 +437,36 @@ def test_adaptive_pooling_over_run_time_sizes():
     """Adaptive average and max pooling of a map whose size is known at run time (VGG's 7 x 7 head,
     a pyramid's 1, 2, 3 and 6 bins): which inputs each output covers is computed at each call, in
     integers; sizes below the output's (bins that overlap) included."""
-    class Pyramid(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    def pooled(y):
+        F = torch.nn.functional
+        return (F.adaptive_avg_pool2d(y, (7, 7)), F.adaptive_max_pool2d(y, 1),
+                F.adaptive_avg_pool2d(y, (2, 3)), F.adaptive_max_pool2d(y, (6, 6)),
+                F.adaptive_avg_pool1d(y.flatten(2), 5))
 
-        def forward(self, x):
-            y = self.conv(x)
-            F = torch.nn.functional
-            return (F.adaptive_avg_pool2d(y, (7, 7)), F.adaptive_max_pool2d(y, 1),
-                    F.adaptive_avg_pool2d(y, (2, 3)), F.adaptive_max_pool2d(y, (6, 6)),
-                    F.adaptive_avg_pool1d(y.flatten(2), 5))
+    _matches_at_image_sizes(ConvThen(pooled), (12, 10), 2, 40, ((2, 3), (5, 7), (12, 10), (17, 40)), 1e-6)
 
-    torch.manual_seed(0)
-    model = Pyramid().eval()
-    compiled = eclat.compile(model, (torch.randn(1, 3, 12, 10),), autotune="none", quiet=True,
-                             dynamic_shapes=({2: Dim("h", min=2, max=40), 3: Dim("w", min=2, max=40)},))
-    for h, w in ((2, 3), (5, 7), (12, 10), (17, 40)):
+
+class ConvThen(torch.nn.Module):
+    """A 3 -> 4 channel 3 x 3 convolution, then `head` of its output."""
+
+    def __init__(self, head) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.head = torch.nn.Conv2d(3, 4, 3, padding=1), head
+
+    def forward(self, x):
+        return self.head(self.conv(x))
+
+
+def _matches_at_image_sizes(model: torch.nn.Module, example: tuple[int, int], low: int, high: int,
+                            sizes: tuple, atol: float) -> None:
+    """model compiled once for 3-channel images of every height and width in [low, high], matching
+    torch at each of `sizes`."""
+    dims = {2: Dim("h", min=low, max=high), 3: Dim("w", min=low, max=high)}
+    compiled = eclat.compile(model, (torch.randn(1, 3, *example),), autotune="none", quiet=True,
+                             dynamic_shapes=(dims,))
+    for h, w in sizes:
         x = torch.randn(1, 3, h, w)
         with torch.no_grad():
             for got, want in zip(compiled(x), model(x)):
-                np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=atol)

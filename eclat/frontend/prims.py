@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
@@ -266,17 +266,25 @@ def _near_integer(x: Node) -> Node:
 _SHIFTS = 8  # lgamma and digamma: the argument raised to at least 8 by the recurrence
 
 
+def _raised(x: Node, start: float, step: Callable[[Value, Node], Node]) -> tuple[Node, Node, Value]:
+    """(whether x is reflected, z: x or 1 - x below 1/2, raised by ones to at least _SHIFTS, and
+    the steps taken folded from start by step(folded, z before the step)): the recurrences of
+    lgamma (a product) and digamma (a sum of reciprocals)."""
+    reflect = lt(x, 0.5)
+    z = where(reflect, sub(1.0, x), x)
+    steps: Value = start
+    for _ in range(_SHIFTS):
+        low = lt(z, float(_SHIFTS))
+        steps, z = where(low, step(steps, z), steps), where(low, add(z, 1.0), z)
+    return reflect, z, steps
+
+
 def lgamma(x: Value) -> Node:
     """log|Gamma(x)|: Stirling's series at z >= 8 after the recurrence Gamma(z + 1) = z Gamma(z)
     (the product of the steps divided out as one log), reflected below 1/2; +inf at the poles
     (0, -1, -2, ...) and at +-inf, as torch. Absolute error ~1e-6 near its zeros at 1 and 2."""
     x = to_float(x)
-    reflect = lt(x, 0.5)
-    z = where(reflect, sub(1.0, x), x)
-    steps: Value = 1.0
-    for _ in range(_SHIFTS):
-        low = lt(z, float(_SHIFTS))
-        steps, z = where(low, mul(steps, z), steps), where(low, add(z, 1.0), z)
+    reflect, z, steps = _raised(x, 1.0, mul)
     r = recip(z)
     r2 = mul(r, r)
     series = mul(r, polynomial(r2, (1 / 12, -1 / 360, 1 / 1260, -1 / 1680)))
@@ -292,12 +300,7 @@ def digamma(x: Value) -> Node:
     """Gamma'(x) / Gamma(x): its asymptotic series at z >= 8 after psi(z + 1) = psi(z) + 1/z,
     reflected below 1/2; -inf at 0 and NaN at the negative integers and -inf, as torch."""
     x = to_float(x)
-    reflect = lt(x, 0.5)
-    z = where(reflect, sub(1.0, x), x)
-    steps: Value = 0.0
-    for _ in range(_SHIFTS):
-        low = lt(z, float(_SHIFTS))
-        steps, z = where(low, add(steps, recip(z)), steps), where(low, add(z, 1.0), z)
+    reflect, z, steps = _raised(x, 0.0, lambda total, z: add(total, recip(z)))
     r = recip(z)
     r2 = mul(r, r)
     series = mul(r2, polynomial(r2, (-1 / 12, 1 / 120, -1 / 252, 1 / 240)))
