@@ -674,12 +674,9 @@ def _counted_below(values: Node, boundaries: Node, right: bool, out_int32: bool)
     as torch.bucketize and torch.searchsorted count. boundaries is 1-D, or rows matching
     values' leading dims. NaN counts as above every boundary."""
     n = boundaries.shape[-1]
-    if len(boundaries.shape) == 1:
-        full = (*values.shape, n)
-        b = g.expand_to(boundaries, full)
-    else:
-        full = (*values.shape, n)
-        b = g.expand_to(P.reshape(boundaries, (*boundaries.shape[:-1], 1, n)), full)
+    full = (*values.shape, n)
+    rows = boundaries if len(boundaries.shape) == 1 else P.reshape(boundaries, (*boundaries.shape[:-1], 1, n))
+    b = g.expand_to(rows, full)
     v = g.expand_to(P.reshape(values, (*values.shape, 1)), full)
     below = P.le(b, v) if right else P.lt(b, v)
     dtype = DType.int32 if out_int32 else DType.int64
@@ -1791,7 +1788,7 @@ def _reflected(c: Node, low2: Node, high2: Node) -> Node:
     c = P.abs_(P.sub(c, low))
     extra = P.elementwise("mod", c, span)
     flips = P.floor(P.div(c, span))
-    even = P.eq(g.binary("mod", flips, P.lift(2.0, c.dtype, c.shape)), 0.0)
+    even = P.eq(P.elementwise("mod", flips, 2.0), 0.0)
     out = P.where(even, P.add(extra, low), P.add(P.sub(span, extra), low))
     return P.where(P.eq(span, 0.0), 0.0, out)
 
@@ -1836,8 +1833,8 @@ def _grid_sampler_2d(ctx: Ctx, x: Node, grid: Node, interpolation_mode: int, pad
         """The input at integral float positions (ty, tx) [n, ho, wo] -> [n, ho, wo, c], 0 outside."""
         inside = P.logical_and(P.logical_and(P.ge(tx, 0.0), P.le(tx, hi_x)),
                                P.logical_and(P.ge(ty, 0.0), P.le(ty, hi_y)))
-        at = lambda t, hi: g.cast(P.where(inside, t, 0.0), DType.int64)  # noqa: E731
-        lin = P.add(P.mul(P.add(P.mul(batch, P.size_node(h)), at(ty, hi_y)), P.size_node(w)), at(tx, hi_x))
+        at = lambda t: g.cast(P.where(inside, t, 0.0), DType.int64)  # noqa: E731  (outside: row 0, zeroed)
+        lin = P.add(P.mul(P.add(P.mul(batch, P.size_node(h)), at(ty)), P.size_node(w)), at(tx))
         rows = g.gather(table, lin)
         return P.where(g.expand_to(P.reshape(inside, (n, ho, wo, 1)), rows.shape), rows, P.lift(0, x.dtype))
 
@@ -1854,9 +1851,10 @@ def _grid_sampler_2d(ctx: Ctx, x: Node, grid: Node, interpolation_mode: int, pad
     return _out(ctx, P.permute(out, [0, 3, 1, 2]))
 
 
-_SCATTER_REDUCE = {"sum": ("sum", 0.0), "mean": ("sum", 0.0), "amax": ("max_reduce", -math.inf),
-                   "amin": ("min", math.inf), "prod": ("prod", 1.0)}  # reduction, its identity
-_SCATTER_WITH_SELF = {"sum": P.add, "max_reduce": P.maximum, "min": P.minimum, "prod": P.mul}
+# scatter_reduce's reduce -> (the reduction over the updates, its identity, its pairwise form)
+_SCATTER_REDUCE = {"sum": ("sum", 0.0, P.add), "mean": ("sum", 0.0, P.add),
+                   "amax": ("max_reduce", -math.inf, P.maximum), "amin": ("min", math.inf, P.minimum),
+                   "prod": ("prod", 1.0, P.mul)}
 
 
 def _reduce_last(ctx: Ctx, x: Node, how: str) -> Node:
@@ -1876,7 +1874,7 @@ def _scatter_reduce(ctx: Ctx, x: Node, dim: int, index: Node, src: Node, reduce:
         raise NotImplementedError(f"scatter_reduce with reduce={reduce!r}")
     if reduce == "mean" and not x.dtype.is_float:
         raise NotImplementedError("scatter_reduce mean of an integer tensor (torch floors it)")
-    how, identity = _SCATTER_REDUCE[reduce]
+    how, identity, pair = _SCATTER_REDUCE[reduce]
     axis = _axis(dim, len(x.shape))
     ctx.index_range(index, 0, x.shape[axis] if x.shape else 1)
     lin = P.reshape(_flat_positions(x, axis, index), (prod(index.shape),))
@@ -1890,7 +1888,7 @@ def _scatter_reduce(ctx: Ctx, x: Node, dim: int, index: Node, src: Node, reduce:
     combined = _reduce_last(ctx, picked, how)  # [rows]
     count = g.reduce("sum", g.cast(hits, DType.int64), 1)
     if include_self:
-        combined = _SCATTER_WITH_SELF[how](flat, combined)
+        combined = pair(flat, combined)
         count = P.add(count, 1)
     if reduce == "mean":
         combined = P.div(combined, g.cast(P.maximum(count, 1), x.dtype))
