@@ -130,6 +130,8 @@ SIDX = torch.randint(0, 5, (8, 3), generator=torch.Generator().manual_seed(5))  
 BAG_IDX, BAG_OFF = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 19]), torch.tensor([0, 4, 4, 7])  # an empty bag
 POW_BASES = torch.tensor([-INF, -3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.7, INF, math.nan])
 POW_EXPONENTS = torch.tensor([-INF, -3.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 2.5, 1e10, 3e7 + 1, INF, math.nan])
+NANROWS = torch.tensor([[math.nan, math.nan, math.nan], [3.0, math.nan, 1.0], [2.0, 2.0, 1.0],
+                        [5.0, 4.0, math.nan]])  # all NaN, ties, NaN among numbers
 BOUNDS = torch.tensor([-1.0, 0.0, 0.5, 2.0])
 TENSOR_CMP = (aten.lt.Tensor, aten.gt.Tensor, aten.le.Tensor, aten.ge.Tensor, aten.eq.Tensor, aten.ne.Tensor)
 
@@ -327,6 +329,8 @@ CASES: list[Case] = [
     C(aten.median.dim, rn(3, 6), 1), C(aten.median.dim, rn(5, 3), 0, True, _name="odd-keepdim"),
     C(aten.median.dim, torch.tensor([[3.0, math.nan, 1.0, 2.0], [4.0, 1.0, 1.0, 2.0]]), 1, _name="nan-ties"),
     C(aten.median.dim, I34, 1, _name="int"), C(aten.median.default, rn(4, 5)),
+    C(aten.nanmedian.dim, NANROWS, 1), C(aten.nanmedian.dim, NANROWS, 0, True, _name="columns-keepdim"),
+    C(aten.nanmedian.default, NANROWS),
     C(aten.diagonal.default, rn(4, 5)), C(aten.diagonal.default, rn(2, 4, 5), 1, 1, 2, _name="offset"),
     C(aten.diagonal.default, NC(rn(5, 4)), -2, _name="nc-below"),
     C(aten.diagonal.default, rn(3, 4, 5), 0, -1, 0, _name="last-first"),

@@ -630,6 +630,22 @@ def _median_dim(ctx: Ctx, x: Node, dim: int = 0, keepdim: bool = False) -> tuple
     return P.where(found, P.lift(math.nan, x.dtype), values), P.where(found, first, indices)
 
 
+def _nanmedian_dim(ctx: Ctx, x: Node, dim: int = 0, keepdim: bool = False) -> tuple[Node, Node]:
+    """The lower median of each row's numbers, NaN left out, and its index: the element of rank
+    (count - 1) // 2 in the row sorted with NaN last; a row of NaN only gives NaN at index 0."""
+    if not x.dtype.is_float:
+        return _median_dim(ctx, x, dim, keepdim)
+    axis = _axis(dim, len(x.shape))
+    n = x.shape[axis]
+    values, indices = _ranked(x, axis, None, False)
+    count = P.reduce("sum", g.cast(P.logical_not(P.isnan(x)), DType.float32), [axis], keepdim=True)
+    target = g.cast(P.floor(P.mul(P.maximum(P.sub(count, 1.0), 0.0), 0.5)), DType.int64)  # exact below 2^24
+    rank = g.expand_to(P.reshape(g.iota(n, DType.int64), (n,) + (1,) * (len(x.shape) - axis - 1)), x.shape)
+    hit = P.eq(rank, g.expand_to(target, x.shape))
+    pick = lambda t: P.reduce("sum", P.where(hit, t, P.lift(0, t.dtype)), [axis], keepdim)  # noqa: E731
+    return pick(values), pick(indices)
+
+
 def _median(ctx: Ctx, x: Node) -> Node:
     values, _ = _median_dim(ctx, P.reshape(x, (prod(x.shape),)), 0)
     return values
@@ -2128,6 +2144,8 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.cummax.default: _running_extreme(True), aten.cummin.default: _running_extreme(False),
     aten.sort.default: _sort, aten.sort.stable: _sort_stable, aten.topk.default: _topk,
     aten.kthvalue.default: _kthvalue, aten.median.dim: _median_dim, aten.median.default: _median,
+    aten.nanmedian.dim: _nanmedian_dim,
+    aten.nanmedian.default: lambda ctx, x: _nanmedian_dim(ctx, P.reshape(x, (prod(x.shape),)), 0)[0],
     aten.diagonal.default: _diagonal, aten._cdist_forward.default: _cdist,
     aten.grid_sampler_2d.default: _grid_sampler_2d,
     aten.bucketize.Tensor: _bucketize, aten.searchsorted.Tensor: _searchsorted,
