@@ -4,6 +4,7 @@ walk over the FX graph that applies the lowering table in `ops.py` node by node.
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
 import os
 import re
@@ -105,6 +106,33 @@ def _without_returned_cache(model: torch.nn.Module) -> Iterator[None]:
             c.use_cache = True
 
 
+def _dim_names(model: Any, example_inputs: tuple, dynamic_shapes: Any, ep: torch.export.ExportedProgram,
+               specs: dict) -> dict[str, str]:
+    """torch's symbol -> the user's name for it (a Dim's name), so that a size error names the Dim
+    the user wrote, not s27. For tensors passed as flat arguments, with dynamic_shapes a tuple (or a
+    dict by argument name) of {axis: Dim} or [Dim, ...]; anything else keeps torch's names, as does
+    a name eclat's kernels could confuse with an index (i0, r3)."""
+    if dynamic_shapes is None or not all(isinstance(t, torch.Tensor) for t in example_inputs):
+        return {}
+    if isinstance(dynamic_shapes, dict):
+        try:
+            arguments = list(inspect.signature(model.forward).parameters)[:len(example_inputs)]
+        except (TypeError, ValueError, AttributeError):
+            return {}
+        dynamic_shapes = [dynamic_shapes.get(a) for a in arguments]
+    user = [n for n in ep.graph.nodes if n.op == "placeholder" and specs[n.name].kind == InputKind.USER_INPUT]
+    if not isinstance(dynamic_shapes, (tuple, list)) or len(dynamic_shapes) != len(user):
+        return {}
+    out: dict[str, str] = {}
+    for node, dims in zip(user, dynamic_shapes):
+        for axis, dim in (dims.items() if isinstance(dims, dict) else enumerate(dims or ())):
+            name, size = getattr(dim, "__name__", None), node.meta["val"].shape[axis]
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol and isinstance(name, str) and \
+                    name.isidentifier() and not re.fullmatch(r"[a-z]\d+", name):
+                out.setdefault(str(size.node.expr), name)
+    return out if len(set(out.values())) == len(out) else {}
+
+
 def _bound(end: Any, unbounded: int) -> int:
     """An export range's end as an int within int32, `unbounded` where it has none. torch spells
     "no bound" as sympy's oo or its own int_oo, which int() does not take (int_oo raises
@@ -125,9 +153,11 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
     ep = export(model, example_inputs, dynamic_shapes)
     weights: dict[str, np.ndarray] = {}
     ctx = Ctx(weights)
-    for name, r in ep.range_constraints.items():
-        ctx.symbols[str(name)] = Var(str(name), _bound(r.lower, -INT_MAX - 1), _bound(r.upper, INT_MAX))
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs if hasattr(s.arg, "name")}
+    named = _dim_names(model, example_inputs, dynamic_shapes, ep, specs)
+    for name, r in ep.range_constraints.items():
+        ctx.symbols[str(name)] = Var(named.get(str(name), str(name)), _bound(r.lower, -INT_MAX - 1),
+                                     _bound(r.upper, INT_MAX))
     mutated = {s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[Node] = []
