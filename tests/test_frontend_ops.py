@@ -165,6 +165,9 @@ CASES: list[Case] = [
     C(aten.pow.Tensor_Scalar, X, -2, _name="neg-int"),
     C(aten.pow.Tensor_Scalar, X, 0, _name="zero"), C(aten.pow.Tensor_Scalar, I34, 3, _name="int"),
     C(aten.pow.Tensor_Scalar, X, 1.0, _name="one"),
+    C(aten.pow.Tensor_Scalar, POW_BASES[1:-2], 101, _name="odd-101"),  # past the multiplications' 64
+    C(aten.pow.Tensor_Scalar, POW_BASES[1:-2], 100, _name="even-100"),
+    C(aten.pow.Tensor_Scalar, POW_BASES[1:-2], -101, _name="odd-negative"),
     C(aten.pow.Tensor_Tensor, pos(3, 4), rn(4)),
     C(aten.pow.Tensor_Tensor, torch.zeros(3), torch.tensor([0., 1., 2.]),
                                                    _name="zero-base"),

@@ -110,6 +110,9 @@ def _pow_scalar_exponent(ctx: Ctx, x: Node, e: float) -> Node:
         return P.recip(out) if e < 0 else out
     if not x.dtype.is_float:
         raise NotImplementedError(f"integer tensor to the power {e}")
+    if float(e).is_integer():  # a large whole power: |x| ** e, negated for odd e and negative x
+        size = g.unary("exp2", P.mul(g.unary("log2", P.abs_(x)), float(e)))
+        return P.where(P.lt(x, 0.0), P.neg(size), size) if int(e) % 2 else size
     return g.unary("exp2", P.mul(g.unary("log2", x), float(e)))
 
 
