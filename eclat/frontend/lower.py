@@ -200,9 +200,9 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
             if isinstance(val, torch.Tensor) and not isinstance(env[node], Unavailable):
                 _check(node, env[node], ctx)
         elif node.op == "output":
-            specs = ep.graph_signature.output_specs
+            out_specs = ep.graph_signature.output_specs
             returned = [env[o] if isinstance(o, torch.fx.Node) else o
-                        for o, spec in zip(node.args[0], specs) if _user_output(spec)]
+                        for o, spec in zip(node.args[0], out_specs) if _user_output(spec)]
             constants = {k: v for k, v in enumerate(returned) if v is None or type(v) in (bool, int, float)}
             outputs = [convert_output(ctx, v) for k, v in enumerate(returned) if k not in constants]
             if not outputs:
