@@ -245,6 +245,38 @@ def test_forced_choices_find_the_sharing_the_greedy_misses(k: int):
         assert differences(data, choices)[1] == "+1 Exp2; operands of Neg f32[4]"
 
 
+def test_an_add_of_two_long_chains_pays_each_class_once():
+    """The greedy extraction pays a node's largest operand's sub-DAG whole and the classes the others
+    add past it one by one; where they add thousands (two long chains, as a recurrence's steps), they
+    are summed at once. Either way the root's total is every class's own cost, once."""
+    from eclat.ir.dtypes import DType
+
+    n = 2000
+    nodes, node_class, children, cost = [("Leaf", 0), ("Leaf", 1)], [0, 1], [[], []], [0.0, 0.0]
+    for chain, (start, step) in enumerate([(0, 0.25), (1, 0.5)]):
+        prev = start
+        for j in range(n):
+            c = len(node_class)
+            nodes.append(("Exp2", prev))
+            node_class.append(c)
+            children.append([prev])
+            cost.append(step + j * 1e-3)
+            prev = c
+        if chain == 0:
+            last_a = prev
+    nodes.append(("Add", last_a, prev))
+    node_class.append(len(node_class))
+    children.append([last_a, prev])
+    cost.append(1.0)
+    root = node_class[-1]
+    info = {c: ((4,), DType.float32) for c in node_class}
+    data = EGraphData(nodes, node_class, children, [root], info)
+    totals: dict[int, float] = {}
+    best = extract(data, cost, totals=totals)
+    assert len(reachable(data, best)) == len(node_class)
+    assert totals[root] == pytest.approx(sum(cost), rel=1e-12)
+
+
 def test_first_candidate_does_not_duplicate_a_product():
     """h @ W1 is read scaled and unscaled (SiLU): moving the scale into the product would compute it
     twice; the greedy extraction picks that, the forced alternatives find the program without."""

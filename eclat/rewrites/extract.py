@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import egglog.bindings as eb
+import numpy as np
 
 from ..ir.dtypes import DType
 from ..ir.graph import Node
@@ -355,6 +356,7 @@ def extract(data: EGraphData, cost: list[float], max_visits: int = 4,
     best_cost: dict[int, float] = {} if totals is None else totals
     sets: dict[int, int] = {}   # the classes a class's choice pays for
     reach: dict[int, int] = {}  # the classes it reads, folded or not
+    own = np.zeros(max(data.node_class, default=-1) + 1)  # the cost of each class's chosen node alone
     visits = [0] * len(data.nodes)
     work = deque(n for n, kids in enumerate(data.children) if not kids)
     while work:
@@ -377,15 +379,25 @@ def extract(data: EGraphData, cost: list[float], max_visits: int = 4,
                 extra |= sets[k]
             extra &= ~union
             union |= extra
-            total += best_cost[big]
-            while extra:
-                low = extra & -extra
-                total += cost[best[low.bit_length() - 1]]
-                extra ^= low
+            total = _paid(extra, own, total + best_cost[big])
         if total < best_cost.get(c, math.inf) - 1e-9:
             best[c], best_cost[c], sets[c], reach[c] = n, total, union | (1 << c), seen | (1 << c)
+            own[c] = cost[n]
             work.extend(users.get(c, ()))
     return best
+
+
+def _paid(classes: int, own: np.ndarray, total: float) -> float:
+    """total plus own's sum over a set of classes (bits): bit by bit for a few, by numpy for many
+    (where two operands' sub-DAGs differ by thousands of classes, as a recurrence's steps do)."""
+    if classes.bit_count() <= 32:
+        while classes:
+            low = classes & -classes
+            total += float(own[low.bit_length() - 1])
+            classes ^= low
+        return total
+    raw = np.frombuffer(classes.to_bytes((classes.bit_length() + 7) // 8, "little"), np.uint8)
+    return total + float(own[np.flatnonzero(np.unpackbits(raw, bitorder="little"))].sum())
 
 
 def reachable(data: EGraphData, best: dict[int, int]) -> dict[int, int] | None:
