@@ -759,6 +759,35 @@ def test_grouping_reuses_kernels_only_where_nothing_they_inline_changed(make, mo
         [(k.name, k.out, k.shape, k.body) for k in fresh.kernels]
 
 
+def test_a_recurrence_is_grouped_in_a_few_attempts(monkeypatch):
+    """An LSTM's steps each hand their cell state to the next, so the first, fully fused attempt
+    nests every step in the next. The fixpoint materialises each step's shared values at once
+    (costly even with the others loaded from buffers), not one step per attempt, and the program
+    computes what the graph does."""
+    import torch
+
+    from eclat.compiler import group as grouping
+    from eclat.frontend.lower import lower
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 8)
+
+    class Last(torch.nn.Module):
+        def forward(self, x):
+            return lstm(x)[0]
+    x = torch.randn(24, 1, 4)
+    graph = lower(Last(), (x,))
+    attempts = []
+    offenders = grouping._Grouping.offenders
+    monkeypatch.setattr(grouping._Grouping, "offenders", lambda self: attempts.append(1) or offenders(self))
+    program = group(graph)
+    assert len(attempts) <= 3  # one attempt per step or two before (24 steps: 14)
+    got, = CpuExecutable(program).run([x.numpy()])
+    want, = run(graph, [x.numpy()])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, lstm(x)[0].detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
 def _cat(parts: list[G.Node], axis: int) -> G.Node:
     """torch.cat as the frontend lowers it: each part padded with zeros to the whole, added up."""
     total, at, out = sum(p.shape[axis] for p in parts), 0, None

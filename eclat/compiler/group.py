@@ -208,11 +208,12 @@ def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int
     contraction = {id(n) for n in reduce_nodes if isinstance(r := body.get(shallow.buf_of.get(id(n))), Reduce)
                    and _is_contraction(r, fv_memo)}
     seed: set[int] = set()
+    seen: set[int] = set()  # one walk for all: what a node reaches is in seed once it is seen
     for r in reduce_nodes:
         inner = r.srcs[0]
         while inner.op == r.op:  # a sum over several axes is one reduction: seen from its outermost
             inner = inner.srcs[0]
-        stack, seen = [inner], set()
+        stack = [inner]
         while stack:
             n = stack.pop()
             if id(n) in seen or id(n) in forced:
@@ -517,10 +518,11 @@ def ravel(idxs: Sequence[Expr], shape: Sequence[sint]) -> Expr:
     return flat
 
 
-def _costly(e: KExpr) -> bool:
+def _costly(e: KExpr, cut: frozenset[int] = frozenset()) -> bool:
     """Whether e has at least SHARE_COST elementwise operations, not counting reduces (they are
-    hoisted and shared); the walk stops once it has counted that many."""
-    seen: set[int] = set()
+    hoisted and shared) nor the subexpressions whose ids are in cut (to be loaded from buffers);
+    the walk stops once it has counted that many."""
+    seen: set[int] = set(cut - {id(e)})
     stack, total = [e], 0
     while stack:
         x = stack.pop()
@@ -532,6 +534,37 @@ def _costly(e: KExpr) -> bool:
             return True
         stack.extend(children(x))
     return False
+
+
+def _inside(exprs: list[KExpr]) -> list[int]:
+    """For each of exprs, the set (bits, by position) of the others found strictly inside it: one
+    pass over the DAG they span, not a walk per expression (a recurrence's first attempt nests
+    every step's values in the next)."""
+    own: dict[int, int] = {}
+    for k, e in enumerate(exprs):
+        own[id(e)] = own.get(id(e), 0) | 1 << k
+    at: dict[int, int] = {}  # id of a subexpression -> bits of the exprs at or below it
+    for root in exprs:
+        stack = [(root, False)]
+        while stack:
+            x, done = stack.pop()
+            if id(x) in at:
+                continue
+            if done:
+                bits = own.get(id(x), 0)
+                for c in children(x):
+                    bits |= at[id(c)]
+                at[id(x)] = bits
+            else:
+                stack.append((x, True))
+                stack.extend((c, False) for c in children(x) if id(c) not in at)
+    out = []
+    for e in exprs:
+        bits = 0
+        for c in children(e):
+            bits |= at[id(c)]
+        out.append(bits)
+    return out
 
 
 def _is_contraction(r: Reduce, fv_memo: dict | None = None) -> bool:
@@ -760,13 +793,25 @@ class _Grouping:
             sizes.update({f"i{a}": d for a, d in enumerate(k.shape)})
             self._offenders(k.body, tuple(f"i{a}" for a in range(len(k.shape))), False,
                             sizes, shared, redundant, hits, set(), fv_memo)
-        # a shared value whose user is evaluated at least as often goes with that user; of
-        # the rest, materialise the innermost first (their users then cost less)
-        count = {nid: len(self.occurrences[nid]) for nid in hits}
-        inside = {nid: {id(y) for y in walk(kx)} - {id(kx)} for nid, kx in hits.items()}
-        kept = {nid for nid, kx in hits.items()
-                if not any(id(kx) in inside[o] and count[o] >= count[nid] for o in hits if o != nid)}
-        inner = {nid for nid in kept if not any(id(hits[o]) in inside[nid] for o in kept if o != nid)}
+        # a shared value whose user is evaluated at least as often goes with that user; of the
+        # rest, materialise the innermost first (their users then cost less). Once no value is
+        # redundant (materialising one changes what is shared), a value goes with its user only
+        # where it is evaluated in no other kernel, and those costly even with every other value
+        # loaded from a buffer go too: a later attempt would take them (one attempt for a
+        # recurrence's steps, not one per step)
+        settled = not redundant
+        ids = list(hits)
+        count = [len(self.occurrences[nid]) for nid in ids]
+        kernels = [{kid for kid, _ in self.occurrences[nid]} for nid in ids]
+        inside = _inside([hits[nid] for nid in ids])  # bit a of inside[b]: hit a inside hit b
+        goes_with = [[b for b in range(len(ids)) if b != a and inside[b] >> a & 1 and count[b] >= count[a]]
+                     for a in range(len(ids))]
+        kept = [a for a in range(len(ids))
+                if not any(not settled or kernels[a] <= kernels[b] for b in goes_with[a])]
+        kept_bits = sum(1 << a for a in kept)
+        loaded = frozenset(id(hits[ids[a]]) for a in kept)
+        inner = {ids[a] for a in kept
+                 if not inside[a] & kept_bits or settled and _costly(hits[ids[a]], loaded)}
         return redundant | inner
 
     def _offenders(self, x: KExpr, loops: tuple[str, ...], in_reduce: bool, sizes: dict[str, int],
