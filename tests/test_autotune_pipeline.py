@@ -60,6 +60,22 @@ def test_a_fast_search_groups_only_the_candidates_it_may_time(monkeypatch):
     assert len(grouped) == 2 * few["extracted"]  # under the cap: every candidate, both ways
 
 
+def test_grouping_that_takes_its_time_stops_after_two_candidates(monkeypatch):
+    """A long recurrence's candidates take seconds each to group: once grouping has taken
+    GROUPING_SECONDS, no candidate past the second is grouped, and the rest are reported pruned."""
+    grouped = []
+    real = pipeline.group
+    monkeypatch.setattr(pipeline, "group", lambda graph, fused: grouped.append(graph) or real(graph, fused))
+    monkeypatch.setattr(pipeline, "GROUPING_SECONDS", 0.0)
+    model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
+    compiled = eclat.compile(model, inputs, autotune="none", k=8, quiet=True)
+    stats = compiled.report()["candidates"]
+    assert stats["extracted"] > 2 and len({id(g) for g in grouped}) == 2
+    assert stats["pruned"] >= stats["extracted"] - 2
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
+
+
 def test_no_autotuning_still_ranks_candidates_on_the_measured_device(tmp_path, monkeypatch):
     """autotune="none" tunes no schedule and keeps no choice, but the e-graph ranks its candidates
     by this machine's roofline, not a default one: on a host whose peak is twice the default's, a

@@ -58,6 +58,9 @@ from .verify import reference_graph, to_numpy, verified_build, verify
 
 AUTOTUNE_MODES = ("none", "fast", "full")
 FAST_CANDIDATES = 4  # programs timed at most in "fast" mode, best roofline estimates first
+# seconds grouping may take before no more candidates are grouped (two at least; "full" groups all):
+# a long recurrence's candidates (an LSTM over 100 steps) take seconds each
+GROUPING_SECONDS = 30.0
 SAMPLE_SECONDS = 0.05  # one timing of a whole program: up to SAMPLE_RUNS runs within this (one at least)
 SAMPLE_RUNS = 10
 MAX_DYNAMIC_SIZE = 1 << 24  # the largest bound a run-time size may have
@@ -371,11 +374,14 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
     target's fused kernels (attention in one kernel) and, where that made any, without them too: the
     search times both. fused: only that grouping (a remembered choice); shapes: the example inputs'
     (a program with run-time sizes is estimated at theirs, as it is timed); enough: no candidate is
-    grouped once this many programs are (the e-graph's cheapest first: grouping a language model's
-    candidate takes seconds, and a "fast" search times only the best few)."""
+    grouped once this many programs are, or past the second once grouping has taken GROUPING_SECONDS
+    (the e-graph's cheapest first: grouping a language model's candidate takes seconds, and a "fast"
+    search times only the best few)."""
     programs = []
+    start = time.perf_counter()
     for n, cand in enumerate(candidates):
-        if enough is not None and len(programs) >= enough:
+        late = n >= 2 and time.perf_counter() - start > GROUPING_SECONDS
+        if enough is not None and (len(programs) >= enough or late):
             break
         for with_fused in (True, False) if fused is None else (fused,):
             try:
@@ -405,8 +411,8 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     enough = None if mode == "full" else 2 * FAST_CANDIDATES
     programs = _programs(candidates, device, threads, target, errors, shapes=[a.shape for a in arrays],
                          enough=enough)
-    cut = enough is not None and len(programs) >= enough  # the e-graph's costliest were not grouped
-    ungrouped = len(candidates) - 1 - max(p[1] for p in programs) if cut else 0
+    # the e-graph's costliest were not grouped (enough of them, or grouping took its time)
+    ungrouped = len(candidates) - 1 - max(p[1] for p in programs) if enough is not None else 0
     built: dict[int, Any] = {}
 
     def time_fn(c: Candidate) -> float:
