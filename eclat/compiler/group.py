@@ -14,7 +14,9 @@ table, or when inlining would recompute real work:
   * shared: it is evaluated at several different points (in one kernel or several)
     and it is a reduce or costs at least SHARE_COST operations. A shared value goes
     with a user that is evaluated at least as often; of the rest, the innermost go
-    first, since materialising them may make their users cheap;
+    first, since materialising them may make their users cheap, and, once nothing is
+    redundant, those costly with every other shared value loaded go with them (so a
+    recurrence's steps take one attempt, not one each);
   * a contraction (sum of a product of differently indexed factors) that shares its
     kernel with another reduction: alone it is register-blocked by the backend;
   * a matmul, with the elementwise ops after it, that a masked view reads (zero padding
