@@ -560,13 +560,7 @@ def _inside(exprs: list[KExpr]) -> list[int]:
             else:
                 stack.append((x, True))
                 stack.extend((c, False) for c in children(x) if id(c) not in at)
-    out = []
-    for e in exprs:
-        bits = 0
-        for c in children(e):
-            bits |= at[id(c)]
-        out.append(bits)
-    return out
+    return [at[id(e)] & ~own[id(e)] for e in exprs]  # a DAG: no expr lies inside itself
 
 
 def _is_contraction(r: Reduce, fv_memo: dict | None = None) -> bool:
