@@ -53,6 +53,11 @@ def test_measure_respects_budget():
     assert t.median_us >= 45_000
 
 
+def test_measure_makes_at_least_the_runs_asked_past_its_budget():
+    t = measure(lambda: time.sleep(0.02), warmup=0, repeats=100, max_seconds=0.01, at_least=3)
+    assert t.repeats == 3 and t.min_us >= 19_000
+
+
 def test_measure_calls_sync_inside_timing():
     synced = []
     t = measure(lambda: None, warmup=0, repeats=3, sync=lambda: (synced.append(1), time.sleep(0.001)))

@@ -43,11 +43,11 @@ class Timing:
 
 
 def measure(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 10, max_seconds: float = 1.0,
-            sync: Callable[[], Any] | None = None) -> Timing:
+            sync: Callable[[], Any] | None = None, at_least: int = 1) -> Timing:
     """Time fn(): `warmup` untimed runs, then up to `repeats` timed runs.
 
-    Runs stop early once max_seconds have passed in total, but at least one timed run is
-    always made, so a slow candidate costs about one run past its budget, not `repeats`.
+    Runs stop early once max_seconds have passed in total, but at least `at_least` timed runs are
+    always made, so a slow candidate costs about that many runs past its budget, not `repeats`.
     sync (e.g. a GPU queue's finish) is called after each run, inside the timed region.
     """
     if repeats < 1 or warmup < 0 or max_seconds <= 0:
@@ -61,7 +61,7 @@ def measure(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 10, max_se
         if time.perf_counter() - start > max_seconds:
             break
     times: list[float] = []
-    while len(times) < repeats and (not times or time.perf_counter() - start < max_seconds):
+    while len(times) < repeats and (len(times) < at_least or time.perf_counter() - start < max_seconds):
         t0 = time.perf_counter_ns()
         fn()
         sync()
