@@ -347,3 +347,26 @@ def test_a_concatenation_is_written_in_place_by_the_writers_of_its_parts():
                                   last.body.dtype))
     kept, aliases = elided_concatenations(replace(program, kernels=[*program.kernels[:-1], more]))
     assert not aliases and all(0 not in k.shape for k in kept.kernels)
+
+
+def test_an_output_stacking_one_row_per_step_is_written_in_place():
+    """A GRU's output stacks each step's h, one row each (a part whose index does not name the
+    row): the parts' writers write the caller's array where each row lies, and no kernel copies them
+    (100 steps: 1070 -> 874 us)."""
+    from eclat.backends.cpu.runtime import layout
+
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(4, 8)
+
+    class Outputs(torch.nn.Module):
+        def forward(self, x):
+            return gru(x)[0]
+    x = torch.randn(6, 1, 4)
+    compiled = eclat.compile(Outputs().eval(), (x,), autotune="none", quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), gru(x)[0], rtol=1e-4, atol=1e-5)
+    program = compiled.executable.program
+    code, plan = layout(program)
+    (elided,) = [k for k in code.kernels if 0 in k.shape]
+    assert elided.out in program.outputs
+    assert sorted(at for _, at in plan.within.values()) == [8 * 4 * j for j in range(6)]

@@ -190,6 +190,9 @@ def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str],
         if name not in ptrs:
             if name in slot:
                 ptrs[name] = b.load(b.gep(fn.args[0], [i64(slot[name])], source_etype=PTR), typ=PTR)
+            elif name in plan.within:  # a part of an output, written where it lies in the caller's array
+                holder, at = plan.within[name]
+                ptrs[name] = b.gep(pointer(holder), [i64(at)], source_etype=I8)
             else:
                 arena = pointer("<arena>")
                 ptrs[name] = b.gep(arena, [i64(plan.offsets[name])], source_etype=I8)
