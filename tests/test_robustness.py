@@ -269,3 +269,33 @@ def test_a_product_of_two_dtypes_is_refused_as_torch_refuses_it():
         model(x)
     with pytest.raises(eclat.UnsupportedOpError, match=r"aten.addmm.* same dtype, but got int64"):
         eclat.compile(model, (x,), autotune="none", quiet=True)
+
+
+def test_rebuilding_a_built_program_with_other_schedules_is_an_error_not_a_crash():
+    """A built program keeps only the weight forms its own schedules read (a weight read through its
+    packed panels is not held twice). Built again with a schedule that packs it otherwise, or reads
+    it directly, it was a segfault, or code reading the arena for the weight: now an error."""
+    from dataclasses import replace
+
+    from eclat.backends.cpu.runtime import CpuExecutable
+    from eclat.compiler.kernel import Schedule, as_contraction
+    from eclat.errors import EclatError
+
+    class Product(torch.nn.Module):  # the weight on the left: read packed, transposed (the default)
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(96, 64))
+
+        def forward(self, x):
+            return self.w @ x
+
+    torch.manual_seed(0)
+    program = eclat.compile(Product().eval(), (torch.randn(64, 40),), autotune="none", quiet=True) \
+        .executable.program
+    dropped = [n for n, b in program.buffers.items() if b.role == "weight" and b.data is None]
+    assert dropped
+    j = next(j for j, k in enumerate(program.kernels) if as_contraction(k) is not None)
+    for flip in (False, True):
+        other = replace(program.kernels[j], schedule=Schedule(tile=(4, 32), transposed=flip))
+        with pytest.raises(EclatError, match="holds? no data|held only packed"):
+            CpuExecutable(replace(program, kernels=[*program.kernels[:j], other, *program.kernels[j + 1:]]))

@@ -252,9 +252,6 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list, roof: Roofline =
     def nbytes(*shapes: tuple) -> float:
         return float(size * sum(numel(s) for s in shapes))
 
-    def written(n: float) -> float:
-        return 2 * n if n > CACHE_BYTES else n
-
     if ctor in ("Leaf", "Fill"):
         return 0.0
     if ctor == "View":
@@ -268,8 +265,8 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list, roof: Roofline =
         return roof.time(OP_FLOPS * numel(kids[0][0]), nbytes(kids[0][0], out[0]))
     if ctor == "Matmul":  # 2 M K N per batch, and each output's accumulator kept (ACCUMULATOR_FLOPS)
         depth = numel(kids[0][0][-1:])
-        return roof.time(2.0 * n * (depth + ACCUMULATOR_FLOPS),
-                         nbytes(kids[0][0], kids[1][0]) + written(nbytes(out[0])))
+        written = nbytes(out[0]) * (2 if nbytes(out[0]) > CACHE_BYTES else 1)
+        return roof.time(2.0 * n * (depth + ACCUMULATOR_FLOPS), nbytes(kids[0][0], kids[1][0]) + written)
     if ctor == "Attention":  # both products and the softmax in one kernel
         scores = numel(kids[3][0])
         flops = 2.0 * scores * (numel(kids[0][0][-1:]) + numel(kids[2][0][-1:]))

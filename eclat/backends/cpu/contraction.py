@@ -31,6 +31,7 @@ from ...compiler.kernel import (
     walk,
 )
 from ...compiler.quantize import FORMATS, storage
+from ...errors import EclatError
 from ...ir.dtypes import DType, from_numpy
 from ...ir.symbolic import Expr, Num, Var, evaluate, map_vars, prod, sint, terms, to_expr, upper, var_list
 from ...ir.view import contiguous_strides
@@ -221,6 +222,9 @@ class ContractionEmitter(KernelEmitter):
         nr = self.tile()[1]
         name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
+            if source.data is None:  # a built program holds only the forms its own schedules read
+                raise EclatError(f"weight {b.buffer!r} is held only packed for its program's schedules; "
+                                 f"build other schedules from the program as compiled, before it was built")
             data = np.asarray(source.data)
             if varying:  # each batch's panels in turn, made once while held (candidates share them)
                 def each() -> list[np.ndarray]:

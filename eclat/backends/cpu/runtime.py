@@ -13,6 +13,7 @@ import numpy as np
 from ...compiler.derived import content, derived
 from ...compiler.kernel import Program, Schedule, loads
 from ...compiler.memplan import ALIGN, MemoryPlan, elided_concatenations, plan_memory
+from ...errors import EclatError
 from ...ir.symbolic import bind_sizes, evaluate
 from .codegen import build_module, packed_copies
 from .emitter import SIZES
@@ -219,6 +220,11 @@ class CpuExecutable(NativeRun):
         one_thread_warning(threads)
         code, plan = layout(program)  # what runs; program is what reports and artifacts see
         self.module = build_module(code, plan, threads, lanes)
+        unheld = sorted(n for n in self.module.used if (b := program.buffers.get(n)) is not None
+                        and b.role == "weight" and b.numel and b.data is None)
+        if unheld:  # its slot would point at the arena: a wrong answer, not an error
+            raise EclatError(f"the code reads weights {unheld} that the program holds no data of (a built "
+                             f"program keeps only what its own schedules read)")
         # a weight read only through its packed copy is not held (the model's weights once, not twice)
         for name in packed_copies(program) - self.module.used:
             program.buffers[name] = replace(program.buffers[name], data=None)
