@@ -122,6 +122,17 @@ def make_mobile(side: int = 32) -> tuple[nn.Module, tuple]:
     return model.eval(), (torch.randn(1, 3, side, side),)
 
 
+class StackedOutputs(nn.Module):
+    """A recurrent layer (torch.nn.LSTM, GRU) returning its steps' outputs alone."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)[0]
+
+
 ZOO: dict[str, Factory] = {
     "mlp": make_mlp,
     "cnn": make_cnn,
