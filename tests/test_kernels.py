@@ -440,6 +440,22 @@ def test_rows_of_a_packed_weight_prefetch_the_next_panel(m):
     assert set(prefetches) == ({"3"} if m <= 8 else {"2"})
 
 
+def test_the_copies_of_a_runtime_operand_start_on_a_cache_line():
+    """A runtime right operand is copied panel by panel into a stack array that every row block reads
+    as vectors: the array (and the accumulators' spill) starts on a cache line, whatever the stack
+    is aligned to, and the product is right."""
+    m, k, n = 40, 70, 100
+    a, b = G.input_("a", (m, k)), G.input_("b", (k, n))
+    graph = G.Graph([a, b], [matmul(a, b)], {})
+    program = group(graph)
+    program.kernels = [replace(kern, schedule=Schedule(tile=(8, 32))) for kern in program.kernels]
+    exe = CpuExecutable(program, 1)
+    inputs = [rand(m, k), rand(k, n)]
+    np.testing.assert_allclose(exe.run(inputs)[0], run(graph, inputs)[0], rtol=1e-4, atol=1e-5)
+    arrays = re.findall(r"alloca float, i\d+ (\d+)(, align \d+)?", exe.module.text())
+    assert ("2240", ", align 64") in arrays and all(align == ", align 64" for _, align in arrays)
+
+
 @pytest.mark.parametrize("cache", ["input", "weight"])
 def test_one_row_against_rows_of_a_runtime_matrix_runs_as_dot_products(cache):
     """q @ K^T with K a runtime matrix [T, D] (decode attention's scores): its columns step by D,

@@ -29,7 +29,7 @@ from . import host
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function
-from .scalar import F32, I8, accumulate, i64, intrinsic, splat, store_through, vector_ptr
+from .scalar import F32, I8, accumulate, float_array, i64, intrinsic, splat, store_through, vector_ptr
 
 # Fewer query rows than this (decode: one per head) read keys and values in place, not in panels
 DIRECT_BELOW = 6
@@ -235,9 +235,9 @@ class AttentionEmitter(KernelEmitter):
         self.fma = intrinsic(self.mod, "llvm.fma", self.vt, 3)
         self.exp2 = math_function(self.mod, "exp2_nonpositive")
         b, heads = self.b, self.heads
-        self.kt = b.alloca(F32, size=self.att.score.size * self.bj)
-        self.vp = b.alloca(F32, size=self.k.shape[-1] * self.bj)
-        self.s = b.alloca(F32, size=self.rows * self.bj)
+        self.kt = float_array(b, self.att.score.size * self.bj)
+        self.vp = float_array(b, self.k.shape[-1] * self.bj)
+        self.s = float_array(b, self.rows * self.bj)
         self.alpha = b.alloca(F32, size=self.rows)
         self.m = b.alloca(F32, size=min(upper(self.n_rows), self.state_rows))
         self.l = b.alloca(F32, size=min(upper(self.n_rows), self.state_rows))

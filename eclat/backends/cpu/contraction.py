@@ -37,7 +37,7 @@ from ...ir.symbolic import Expr, Num, Var, evaluate, map_vars, prod, sint, terms
 from ...ir.view import contiguous_strides
 from . import host
 from .emitter import KernelEmitter
-from .scalar import F32, I8, I16, I32, I64, PTR, i64, intrinsic, splat, store_through, vector_ptr
+from .scalar import F32, I8, I16, I32, I64, PTR, float_array, i64, intrinsic, splat, store_through, vector_ptr
 from .schedules import ACCUMULATOR_CHAINS
 
 PACKED = "pack:"  # name prefix of weights packed at compile time
@@ -273,7 +273,7 @@ class ContractionEmitter(KernelEmitter):
         self.streaming = most_blocks == 1  # each packed weight is read once per call
         self.blocks, self.block = most_blocks, None  # row blocks per panel; the current one's number
         batch = [a for a in range(len(shape)) if a not in (c.m_axis, c.n_axis)]
-        tile = self.b.alloca(F32, size=mr * nr)
+        tile = float_array(self.b, mr * nr)
         vt = ir.VectorType(F32, lanes)
         fma = intrinsic(self.mod, "llvm.fma", vt, 3)
         b_unit = columnwise(c.b, f"i{c.n_axis}")
@@ -282,10 +282,10 @@ class ContractionEmitter(KernelEmitter):
         self.scratch = None
         copied = self.pack_name is None or self.pack_format is not None
         if copied and most_blocks > 1 and 0 < upper(kk) * nr * 4 <= RUNTIME_PACK_BYTES:
-            self.scratch = self.b.alloca(F32, size=upper(kk) * nr)
+            self.scratch = float_array(self.b, upper(kk) * nr)
         depth = self._depth(most_blocks, upper(m_size) + mr, nr)
         # the sums so far of each row of the panel, between chunks of the reduction
-        partial = self.b.alloca(F32, size=(upper(m_size) + mr) * nr) if depth else None
+        partial = float_array(self.b, (upper(m_size) + mr) * nr) if depth else None
 
         def micro(p: ir.Value, m0: ir.Value, mr: int, span: tuple[ir.Value, ...] | None = None) -> None:
             """The block of mr rows from row m0 (rows past the last clamped to it); span: the chunk
