@@ -421,17 +421,19 @@ def test_a_reduction_in_chunks_gives_the_same_sums(m, k, n, depth, weight, trans
         np.testing.assert_allclose(got, run(graph, inputs)[0], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("m", [5, 17, 64])
-def test_rows_of_a_packed_weight_prefetch_the_next_panel(m):
-    """Over several row blocks each block brings its share of the next packed panel into L2
-    (prefetch locality 2); a single block streams its own panel ahead (locality 3). The last
-    panel's prefetches run past the weight's end: harmless, and the values are checked."""
-    k, n = 96, 70  # 70 columns: a partial last panel
+@pytest.mark.parametrize("m,depth", [(5, 0), (17, 0), (64, 0), (17, 40), (64, 32)])
+def test_rows_of_a_packed_weight_prefetch_the_next_panel(m, depth):
+    """Over several row blocks each block brings its share of the next packed panel (or, with the
+    reduction in chunks, the next chunk) into L2 (prefetch locality 2); a single block streams its
+    own panel ahead (locality 3). The last panel's prefetches run past the weight's end: harmless,
+    and the values are checked."""
+    k, n = 96, 70  # 70 columns: a partial last panel; chunks of 40: a short last one
     bw = rand(k, n)
     a = G.input_("a", (m, k))
     graph = G.Graph([a], [matmul(a, G.weight("b", bw, DType.float32))], {"b": bw})
     program = group(graph)
-    program.kernels = [replace(kern, schedule=Schedule(tile=(8, 32))) for kern in program.kernels]
+    program.kernels = [replace(kern, schedule=Schedule(tile=(8, 32), depth=depth))
+                       for kern in program.kernels]
     exe = CpuExecutable(program, 1)
     a_data = rand(m, k)
     np.testing.assert_allclose(exe.run([a_data])[0], run(graph, [a_data])[0], rtol=1e-4, atol=1e-5)

@@ -272,6 +272,7 @@ class ContractionEmitter(KernelEmitter):
         most_blocks = -(-upper(m_size) // mr)
         self.streaming = most_blocks == 1  # each packed weight is read once per call
         self.blocks, self.block = most_blocks, None  # row blocks per panel; the current one's number
+        self.chunk = None  # (first step, steps) of the reduction's chunk being computed (Schedule.depth)
         batch = [a for a in range(len(shape)) if a not in (c.m_axis, c.n_axis)]
         tile = float_array(self.b, mr * nr)
         vt = ir.VectorType(F32, lanes)
@@ -299,8 +300,9 @@ class ContractionEmitter(KernelEmitter):
             if mr == 1:
                 sets = max(1, min(ACCUMULATOR_CHAINS // nv, (host.vector_registers() - 1) // nv - 1))
             full = bb.icmp_signed("<=", bb.add(n0, i64(nr)), self.sym(n_size))
-            if self.pack_name and not self.streaming and self.scratch is None and not depth:
+            if self.pack_name and not self.streaming and self.scratch is None:
                 self.block = bb.sdiv(m0, i64(mr))
+                self.chunk = None if span is None else (span[0], depth)
             start = i64(0) if span is None else span[0]  # the chunk's first step of k
 
             def kstep(kv: ir.Value, accs: list[ir.Value], steps=None, sums: bool = False) -> list[ir.Value]:
@@ -643,14 +645,18 @@ class ContractionEmitter(KernelEmitter):
             bb.call(fn, [where, ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1)])
 
     def _prefetch_next_panel(self, base: ir.Value, kv: ir.Value, nr: int, item: int) -> None:
-        """Bring the next packed panel into L2 while this one is computed: each of the panel's row
-        blocks touches its own share of it, spread over its steps of k. Without this, the first
-        row block of every panel waits on DRAM: over 64 rows, a GEMM whose weight is not in cache
-        ran at 0.70x of its in-cache speed (AVX-512 Xeon), 0.95-1x with it."""
+        """Bring the packed weight's next stretch into L2 while this one is computed: the next panel,
+        or where the reduction runs in chunks the next chunk (the panels lie one after the other,
+        each in order of k, so either starts where this one ends). Each of the row blocks touches
+        its own share of it, spread over its steps of k. Without this, the first row block of every
+        panel waits on DRAM: over 64 rows, a GEMM whose weight is not in cache ran at 0.70x of its
+        in-cache speed (AVX-512 Xeon), 0.95-1x with it."""
         bb, blocks = self.b, self.blocks
-        kk, row = self.sym(self.contraction.reduce.size), nr * item
-        start = bb.mul(bb.add(bb.sub(base, bb.mul(kv, i64(nr))), bb.mul(kk, i64(nr))), i64(item))
-        share = bb.sdiv(bb.mul(bb.add(bb.mul(self.block, kk), kv), i64(row)), i64(blocks))
+        first, span = (i64(0), self.sym(self.contraction.reduce.size)) if self.chunk is None else \
+            (self.chunk[0], i64(self.chunk[1]))
+        step, row = bb.sub(kv, first), nr * item
+        start = bb.mul(bb.add(bb.sub(base, bb.mul(step, i64(nr))), bb.mul(span, i64(nr))), i64(item))
+        share = bb.sdiv(bb.mul(bb.add(bb.mul(self.block, span), step), i64(row)), i64(blocks))
         self._prefetch(self.ptr[self.pack_name], bb.add(start, share), -(-row // blocks), locality=2)
 
     def _b_columns(self, c: Contraction, n0: ir.Value, nr: int, n_size: sint) -> list[ir.Value]:
