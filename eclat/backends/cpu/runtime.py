@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -106,6 +107,18 @@ class NativeRun:
         self._free = [self._state()]
         return freed
 
+    @contextlib.contextmanager
+    def _call_state(self) -> Iterator[_CallState]:
+        """A free state of the pool, returned to it after the call."""
+        try:
+            state = self._free.pop()  # atomic under the GIL, as is append
+        except IndexError:  # every state is in use by another thread's call
+            state = self._state()
+        try:
+            yield state
+        finally:
+            self._free.append(state)
+
     def _state(self) -> _CallState:
         """Slots with the weights bound and an arena of the plan's size, 64-byte aligned."""
         arena = _aligned_empty((max(self.plan.arena_bytes, 1),), np.uint8)
@@ -139,19 +152,13 @@ class NativeRun:
         """The outputs; with `wanted` (output numbers), only the kernels those outputs depend on
         run (one call each), and the other outputs are None."""
         kernels = None if wanted is None else self._kernels_for(tuple(sorted(wanted)))
-        try:
-            state = self._free.pop()  # atomic under the GIL, as is append
-        except IndexError:  # every state is in use by another thread's call
-            state = self._state()
-        try:
+        with self._call_state() as state:
             outs = self._bind(state, inputs)
             if kernels is None:
                 self._fn(state.address)
             else:
                 for fn in kernels:
                     fn(state.address)
-        finally:
-            self._free.append(state)
         return outs if wanted is None else [o if j in wanted else None for j, o in enumerate(outs)]
 
     def _kernels_for(self, wanted: tuple[int, ...]) -> list:
@@ -237,13 +244,9 @@ class CpuExecutable(NativeRun):
         if len(inputs) != len(self._in_slots):  # a missing pointer would crash the native code
             raise ValueError(f"profile takes the program's {len(self._in_slots)} inputs (states included), "
                              f"given {len(inputs)}")
-        # the arena calls run on (a fresh one, its pages new to the caches and the TLB, slowed
-        # some kernels by a fifth)
-        try:
-            state = self._free.pop()
-        except IndexError:
-            state = self._state()
-        try:
+        # on the arena calls use: a fresh one (pages new to the caches and the TLB) slowed some
+        # kernels by up to a sixth
+        with self._call_state() as state:
             keep = self._bind(state, inputs)
             self._fn(state.address)  # every temporary holds real values
             times = []
@@ -256,6 +259,4 @@ class CpuExecutable(NativeRun):
                     samples.append(time.perf_counter() - t)
                 times.append(sorted(samples)[len(samples) // 2] * 1e6)
             del keep
-        finally:
-            self._free.append(state)
         return times
