@@ -149,6 +149,26 @@ def test_a_weight_read_on_the_left_is_packed_on_the_right_where_that_pays():
     assert late == Schedule(tile=(7, 32), transposed=True, depth=256)  # a 590 kB panel: chunked
 
 
+def test_a_large_weight_broadcast_from_the_left_is_not_timed():
+    """A weight of a quarter of L2 or more read on the left, unpacked, stays in cache while a trial
+    repeats the kernel and comes from memory in a model (resnet18's tuned 512-channel convolutions
+    ran 1.5-2x slower than their defaults): where the default packs it on the right, the space
+    holds the transposed orientation only. A smaller weight keeps both; the default is always kept."""
+    torch.manual_seed(0)
+
+    def space(model: nn.Module, x: torch.Tensor) -> list[Schedule]:
+        program = _program(model.eval(), (x,))
+        (kern,) = [k for k in program.kernels if contraction_of(k, program.buffers) is not None]
+        return schedule_space(kern, lanes=16, registers=32, weights=program.weight_names,
+                              caches=(48 << 10, 2 << 20))
+    late = space(nn.Conv2d(512, 512, 3, padding=1, bias=False), torch.randn(1, 512, 7, 7))  # 9.4 MB
+    assert late[0].transposed and all(s.transposed for s in late)
+    small = space(nn.Conv2d(64, 64, 3, padding=1, bias=False), torch.randn(1, 64, 14, 14))  # 147 kB
+    assert small[0].transposed and any(not s.transposed for s in small)
+    large = space(nn.Conv2d(128, 128, 3, padding=1, bias=False), torch.randn(1, 128, 28, 28))  # 590 kB
+    assert not large[0].transposed and any(s.transposed for s in large)
+
+
 def test_a_reduction_runs_in_chunks_where_its_panel_would_fill_l2():
     """A product whose K x NR panel is over a quarter of L2 runs its reduction in chunks of L1's
     size (a dilated convolution's 8640-deep product: 51 -> 106 GFLOP/s on an AVX-512 Xeon); a

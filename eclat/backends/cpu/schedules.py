@@ -14,6 +14,7 @@ and linear layers', 49 to 3136 columns, 256 to 4608 deep).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import replace
 
@@ -41,6 +42,12 @@ HEIGHT_GAIN = 1.05  # how much more of its rows a lower register block must use 
 # panel of the weight reads the whole activation again: on an AVX-512 Xeon (2 MiB L2) that pays
 # only where it stays within PANEL_L2_SHARE of L2 (576 x 196: level; 2304 x 196 0.79x, 1152 x 784
 # 0.75x, 768 x 784 0.65x, 768 x 1024 0.44x: a 4 KiB stride).
+# The orientation that broadcasts a weight on the left, unpacked, is not timed where that weight is
+# at least PANEL_L2_SHARE of L2 (unless it is the default's): timed alone, the weight stays in cache
+# from run to run and the tile looks best; in a model it comes from memory, a row of it per register
+# row: resnet18's tuned program ran 24.6 ms against the untuned's 22.2, its 512-channel convolutions
+# 2462-3002 us at (12, 32) against 1501-1612 transposed, Winograd products at (6, 64) 1.3-1.6x slower
+# (AVX-512 Xeon, one process).
 WEIGHT_RIGHT_DEPTH = 512
 WEIGHT_RIGHT_COLUMNS = 1024
 # A reduction whose K x NR panel of the right operand is more than PANEL_L2_SHARE of the L2 cache runs
@@ -125,6 +132,19 @@ def _weight_right_pays(kernel: Kernel, weights: Collection[str], size: tuple[int
         and (size[0] <= panel or 4 * depth * size[1] <= PANEL_L2_SHARE * l2)
 
 
+def _weight_left_bytes(kernel: Kernel, weights: Collection[str], flip: bool) -> int:
+    """Bytes of the weight the micro-kernel broadcasts from its left operand, unpacked, in that
+    orientation (flip: transposed); 0 where the left operand is not a weight."""
+    c = as_contraction(kernel)
+    if c is not None and flip:
+        c = transposed(c)
+    if c is None or not (isinstance(c.a, Load) and c.a.buffer in weights):
+        return 0
+    rows = upper(kernel.shape[c.m_axis]) if c.m_axis is not None else 1
+    batch = math.prod(upper(n) for a, n in enumerate(kernel.shape) if a not in (c.m_axis, c.n_axis))
+    return 4 * rows * upper(c.reduce.size) * batch
+
+
 def filled(rows: int, cols: int, tile: tuple[int, int], lanes: int) -> float:
     """The part of a register block's fmas that do useful work: rows and columns past the last
     whole block are computed and dropped, and fewer accumulators than ACCUMULATOR_CHAINS leave
@@ -184,8 +204,11 @@ def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     # in one piece, and in chunks wherever the panel is longer than one (measured: some panels
     # under the default's bound run faster chunked, 784x512x512 1.13x)
     out, rest = [base, replace(base, depth=0), chunked(kernel, base, caches, any_panel=True)], []
+    l2 = host.cache_bytes(2) if caches is None else caches[1]
     for flip in (False, True):
         sizes = _sizes(kernel, flip)
+        if flip != base.transposed and _weight_left_bytes(kernel, weights, flip) >= PANEL_L2_SHARE * l2:
+            continue  # timed alone, its weight stays in cache; in a model it streams from memory
         if sizes is not None:
             tiles = gemv_tiles(lanes, registers) if sizes[0] < MATVEC_ROWS else gemm_tiles(lanes, registers)
             own = replace(base, tile=_tile_for(sizes[0], lanes, registers), transposed=flip)
