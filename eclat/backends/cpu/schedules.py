@@ -116,6 +116,15 @@ def _tile_for(rows: int, lanes: int, registers: int) -> tuple[int, int]:
     return (best if used(best) > HEIGHT_GAIN * used(mr) else mr), nr
 
 
+def _is_weight(e: KExpr, weights: Collection[str]) -> bool:
+    return isinstance(e, Load) and e.buffer in weights
+
+
+def _caches(caches: tuple[int, int] | None) -> tuple[int, int]:
+    """The L1 data and L2 cache bytes: those given, else the host's."""
+    return (host.cache_bytes(1), host.cache_bytes(2)) if caches is None else caches
+
+
 def _weight_right_pays(kernel: Kernel, weights: Collection[str], size: tuple[int, int], panel: int,
                        l2: int) -> bool:
     """Whether the contraction (rows, columns: size) reads a weight on the left (and not on the
@@ -123,11 +132,9 @@ def _weight_right_pays(kernel: Kernel, weights: Collection[str], size: tuple[int
     panels of `panel` columns pays (WEIGHT_RIGHT_*): the other operand, read again by every panel
     after the first, within PANEL_L2_SHARE of the L2 cache's l2 bytes."""
     c = as_contraction(kernel)
-
-    def weight(e: KExpr) -> bool:
-        return isinstance(e, Load) and e.buffer in weights
     depth = upper(c.reduce.size) if c is not None else 0
-    return c is not None and weight(c.a) and not weight(c.b) and depth >= WEIGHT_RIGHT_DEPTH \
+    return c is not None and _is_weight(c.a, weights) and not _is_weight(c.b, weights) \
+        and depth >= WEIGHT_RIGHT_DEPTH \
         and size[1] <= WEIGHT_RIGHT_COLUMNS \
         and (size[0] <= panel or 4 * depth * size[1] <= PANEL_L2_SHARE * l2)
 
@@ -138,7 +145,7 @@ def _weight_left_bytes(kernel: Kernel, weights: Collection[str], flip: bool) -> 
     c = as_contraction(kernel)
     if c is not None and flip:
         c = transposed(c)
-    if c is None or not (isinstance(c.a, Load) and c.a.buffer in weights):
+    if c is None or not _is_weight(c.a, weights):
         return 0
     rows = upper(kernel.shape[c.m_axis]) if c.m_axis is not None else 1
     batch = math.prod(upper(n) for a, n in enumerate(kernel.shape) if a not in (c.m_axis, c.n_axis))
@@ -164,7 +171,7 @@ def chunked(kernel: Kernel, schedule: Schedule, caches: tuple[int, int] | None =
     sizes = _sizes(kernel, schedule.transposed)
     if c is None or sizes is None or sizes[0] <= schedule.tile[0] or not isinstance(c.reduce.size, int):
         return replace(schedule, depth=0)
-    l1, l2 = (host.cache_bytes(1), host.cache_bytes(2)) if caches is None else caches
+    l1, l2 = _caches(caches)
     panel = schedule.tile[1] * 4  # bytes of the panel per step of the reduction
     depth = int(L1_SHARE * l1) // panel // 8 * 8
     deep = (any_panel or c.reduce.size * panel > PANEL_L2_SHARE * l2) and c.reduce.size > depth >= 8
@@ -187,7 +194,7 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     if flip is not None:
         turned = Schedule(tile=_tile_for(flip[0], lanes, registers), threads=threads, transposed=True)
         gain = filled(*flip, turned.tile, lanes) / filled(*plain, best.tile, lanes)
-        l2 = host.cache_bytes(2) if caches is None else caches[1]
+        l2 = _caches(caches)[1]
         pays = _weight_right_pays(kernel, weights, plain, turned.tile[1], l2)
         if gain > TRANSPOSE_GAIN or gain >= 1 and pays:
             best = turned
@@ -204,7 +211,7 @@ def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     # in one piece, and in chunks wherever the panel is longer than one (measured: some panels
     # under the default's bound run faster chunked, 784x512x512 1.13x)
     out, rest = [base, replace(base, depth=0), chunked(kernel, base, caches, any_panel=True)], []
-    l2 = host.cache_bytes(2) if caches is None else caches[1]
+    l2 = _caches(caches)[1]
     for flip in (False, True):
         sizes = _sizes(kernel, flip)
         if flip != base.transposed and _weight_left_bytes(kernel, weights, flip) >= PANEL_L2_SHARE * l2:
