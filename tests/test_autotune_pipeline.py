@@ -281,6 +281,39 @@ def test_a_search_keeps_the_packed_weights_another_program_holds(tmp_path, monke
     assert rows(torch.randn(64, 768)).shape == (64, 1024)  # still held
 
 
+def test_a_one_row_product_reads_the_packed_weight_another_program_holds_untimed(tmp_path, monkeypatch):
+    """A matrix-vector product whose weight another program holds packed (a decode beside its
+    prefill) reads that copy at its panel width, whichever width that is, and is not timed at
+    others (each would pack the weight again): no new packed form, the same answers."""
+    from eclat.backends.cpu import host, schedules
+    from eclat.backends.cpu.trials import Trials
+    from eclat.compiler import derived, tune
+
+    wide = 3 * host.vector_lanes()  # a width the one-row default is not, held by the other program
+    default_tile = schedules._tile_for
+    monkeypatch.setattr(schedules, "_tile_for", lambda rows, lanes, registers: (4, wide) if rows >= 4
+                        else default_tile(rows, lanes, registers))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(768, 1024, bias=False).eval()
+    rows = eclat.compile(linear, (torch.randn(64, 768),), autotune="none", cache_dir=tmp_path / "rows")
+    assert {k.schedule.tile[1] for k in rows.executable.program.kernels if k.schedule.tile} == {wide}
+    monkeypatch.setattr(schedules, "_tile_for", default_tile)
+    timed = []
+    real = Trials.__call__
+    monkeypatch.setattr(Trials, "__call__", lambda self, kernel, schedule: timed.append(schedule.tile)
+                        or real(self, kernel, schedule))
+    held = derived.held()
+    x = torch.randn(1, 768)
+    one = eclat.compile(linear, (x,), autotune="fast", cache_dir=tmp_path / "one")
+    new = [k for k in derived.held() - held if k[3][0] == "panels" and derived.nbytes(k) >= tune.NEW_COPY_BYTES]
+    tiles = [k.schedule.tile for k in one.executable.program.kernels if k.schedule.tile]
+    assert tiles == [(1, wide)] and not new and not timed
+    torch.testing.assert_close(one(x), linear(x), rtol=1e-4, atol=1e-4)
+    alone = eclat.compile(torch.nn.Linear(768, 1024, bias=False).eval(), (x,), autotune="fast",
+                          cache_dir=tmp_path / "alone")
+    assert timed and alone.executable.program.kernels  # held by nothing else: timed as before
+
+
 def test_a_schedule_that_copies_a_large_weight_is_timed_and_let_go(tmp_path, monkeypatch):
     """Candidates whose builds pack RELEASE_BYTES anew are timed at once and dropped, so a kernel's
     search holds one new copy of a large weight at a time, not one per panel width."""

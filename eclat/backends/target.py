@@ -21,13 +21,13 @@ others None), which `CompiledModel.update_states` asks for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from ..compiler.kernel import Kernel, Program, Schedule
+from ..compiler.kernel import Buffer, Kernel, Program, Schedule
 
 # One trial of a schedule: () -> microseconds of one timed run; raises when the schedule fails to
 # build, run or give the right answer.
@@ -87,11 +87,13 @@ class Target:
 
     # --- schedules: how each kernel's loops map onto the hardware ---------------------------------
 
-    def default_schedule(self, kernel: Kernel, threads: int = 1, weights: Collection[str] = ()) -> Any:
-        """kernel's schedule without tuning; weights: the names of the program's weight buffers."""
+    def default_schedule(self, kernel: Kernel, threads: int = 1, weights: Mapping[str, Buffer] | None = None
+                         ) -> Any:
+        """kernel's schedule without tuning; weights: the program's weight buffers by name."""
         return Schedule(threads=threads)
 
-    def schedule_space(self, kernel: Kernel, threads: int = 1, weights: Collection[str] = ()) -> list[Any]:
+    def schedule_space(self, kernel: Kernel, threads: int = 1, weights: Mapping[str, Buffer] | None = None
+                       ) -> list[Any]:
         """The schedules worth timing for kernel, the default first."""
         return [self.default_schedule(kernel, threads, weights)]
 

@@ -5,8 +5,9 @@ model's output head) costs seconds. They are found by the weight's content, so t
 own copies of one weight (a transposed layout each made) share one packed form. The cache holds
 them weakly: the forms a search tried and discarded (a panel width it did not choose) go with the
 last executable that read them, rather than staying for the whole compile. A compile can ask which
-forms a build asked for (`asked_for`) and which were held before it began (`held`): a schedule that
-packs a weight anew where another program holds it packed already costs memory (compiler.tune)."""
+forms a build asked for (`asked_for`) and which were held before it began (`compiling`,
+`held_before`): a schedule that packs a weight anew where another program holds it packed already
+costs memory (compiler.tune), and a one-row product reads such a copy as it is (backends.cpu)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import hashlib
 import weakref
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -21,12 +23,13 @@ import numpy as np
 _DERIVED: dict[tuple, tuple[type, list[weakref.ref]]] = {}
 _DIGESTS: dict[tuple, str] = {}  # (the array a view views, the view) -> its content's digest
 _ASKED: list[set[tuple]] = []  # the keys asked for inside each open `asked_for` block
+_BEFORE: ContextVar[frozenset[tuple]] = ContextVar("eclat_held_before", default=frozenset())
 
 
 def derived(data: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
     """make() (an array, or a list or tuple of arrays), computed once per (data's values, key)
     while its result is held elsewhere."""
-    full = (content(data), data.shape, data.dtype.str, key)
+    full = _full_key(data, key)
     for keys in _ASKED:
         keys.add(full)
     held = _DERIVED.get(full)
@@ -49,6 +52,32 @@ def asked_for() -> Iterator[set[tuple]]:
         yield keys
     finally:
         _ASKED.remove(keys)
+
+
+@contextmanager
+def compiling() -> Iterator[None]:
+    """Within the block (a compile), `held_before` names the forms held as it began."""
+    token = _BEFORE.set(held())
+    try:
+        yield
+    finally:
+        _BEFORE.reset(token)
+
+
+def held_before() -> frozenset[tuple]:
+    """The keys of the forms held when the enclosing `compiling` block began (another program's:
+    a language model's prefill for its decode); none outside one."""
+    return _BEFORE.get()
+
+
+def was_held(data: np.ndarray, key: Hashable) -> bool:
+    """Whether derived(data, key, ...)'s form was held when the enclosing `compiling` began (and is)."""
+    full = _full_key(data, key)
+    return full in _BEFORE.get() and _alive(_DERIVED.get(full)) is not _GONE
+
+
+def _full_key(data: np.ndarray, key: Hashable) -> tuple:
+    return content(data), data.shape, data.dtype.str, key
 
 
 def held() -> frozenset[tuple]:
@@ -96,4 +125,4 @@ def _alive(held: tuple[type, list[weakref.ref]] | None) -> Any:
     return None if kind is type(None) else parts[0] if kind is np.ndarray else kind(parts)
 
 
-__all__ = ["asked_for", "content", "derived", "held", "nbytes"]
+__all__ = ["asked_for", "compiling", "content", "derived", "held", "held_before", "nbytes", "was_held"]

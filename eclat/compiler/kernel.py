@@ -541,6 +541,10 @@ class Program:
     def weight_names(self) -> frozenset[str]:
         return frozenset(name for name, b in self.buffers.items() if b.role == "weight")
 
+    @property
+    def weights(self) -> dict[str, Buffer]:
+        return {name: b for name, b in self.buffers.items() if b.role == "weight"}
+
     def __str__(self) -> str:
         lines = [f"buffer {b.name}: {b.role} {b.dtype.short}[{b.numel}]" for b in self.buffers.values()]
         lines += [f"kernel {k.name} -> {k.out} over {list(k.shape)}: {k.body}" for k in self.kernels]

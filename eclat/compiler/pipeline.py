@@ -101,7 +101,8 @@ def compile_model(model: Any, example_inputs: Any, target: str = "cpu", *, threa
 
     structure = input_structure(example_inputs)
     arrays = [to_numpy(x) for x in leaves(example_inputs, structure, "example_inputs")]
-    with recording() as spent, caching_in(cache_dir):  # what the backend keeps goes there too
+    # what the backend keeps goes to cache_dir too; packed forms held now are another program's
+    with recording() as spent, caching_in(cache_dir), derived.compiling():
         with phase("lower"):
             graph = lower(model, example_inputs, dynamic_shapes=dynamic_shapes)
         _check_bounded(graph)
@@ -135,7 +136,6 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     a call's inputs nest (specs.input_structure; default flat); weights, max_error: as for
     compile_model."""
     start = time.perf_counter() if start is None else start
-    held = derived.held()  # packed weights another program holds: tuning reuses them (compiler.tune)
     backend = get_target(target)
     if not backend.runtime_sizes and any(var_list(d) for n in graph.inputs for d in dims(n.shape)):
         raise EclatError(f"dynamic_shapes: the {target} target compiles fixed sizes only; compile for "
@@ -183,7 +183,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
             tuned = False
             if tdb is not None:
                 exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, at,
-                                    reference(stats.chosen), exe, bars, held)
+                                    reference(stats.chosen), exe, bars)
                 tdb.put(key, {"candidate": stats.chosen, "fused": stats.fused, "tuned": tuned}, seconds * 1e6)
             return exe, program, stats, tuned
 
@@ -391,8 +391,9 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
             try:
                 with phase("group"):
                     program = group(cand, target.fused if with_fused else frozenset())
+                    weights = program.weights
                     for kern in program.kernels:
-                        kern.schedule = target.default_schedule(kern, threads, program.weight_names)
+                        kern.schedule = target.default_schedule(kern, threads, weights)
             except Exception as e:  # a broken candidate must not take the compile down
                 errors.append(f"candidate {n}: {type(e).__name__}: {e}")
                 continue
@@ -527,14 +528,14 @@ def _build_remembered(program: Program, target: Any, device: Any, mode: str, thr
 
 def _tuned(program: Program, target: Any, device: Any, mode: str, threads: int, db: Any,
            arrays: list[np.ndarray], reference: list[np.ndarray] | None, untuned: Any,
-           bars: bool | None, held: frozenset = frozenset()) -> tuple[Any, bool]:
+           bars: bool | None) -> tuple[Any, bool]:
     """Tune the chosen program's schedules: (executable, whether it runs the tuned ones). The untuned
     build is kept when tuning fails, or when it runs the whole program faster: kernels tuned one at
     a time do not see what they cost each other (data moving between cores, caches they evict)."""
     defaults = [k.schedule for k in program.kernels]
     try:
         with phase("tuning"):
-            tuning.tune(program, target, device, db, mode, threads, arrays, quiet=bars, held=held)
+            tuning.tune(program, target, device, db, mode, threads, arrays, quiet=bars)
         if untuned is not None and [k.schedule for k in program.kernels] == defaults:
             return untuned, True  # the defaults won every kernel: nothing else to build
         tuned = verified_build(program, target, threads, arrays, reference)

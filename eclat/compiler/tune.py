@@ -59,20 +59,20 @@ def tuning_key(what: str, shapes: Any, dtype: Any, target: str, device: Any) -> 
 
 
 def tune(program: Program, target: Any, device: Any, db: Any, mode: str, threads: int,
-         inputs: list[np.ndarray], quiet: bool | None = True, held: frozenset = frozenset()
-         ) -> dict[str, int]:
+         inputs: list[np.ndarray], quiet: bool | None = True) -> dict[str, int]:
     """Set each kernel's schedule from the database or by the search; returns counts.
-    quiet: no progress bar (None: a bar on a terminal); held: the keys of the derived forms
-    (compiler.derived) held when the compile began, which a schedule reuses at no cost."""
+    quiet: no progress bar (None: a bar on a terminal). The derived forms held when the compile
+    began (compiler.derived.held_before) a schedule reuses at no cost."""
     from ..autotune.search import Candidate, TuningError, search
-    from .derived import asked_for, nbytes
+    from .derived import asked_for, held_before, nbytes
 
     trials = None  # built on first need: a GPU builds every kernel's schedules at once
+    held, weights = held_before(), program.weights
     tuned = 0
     for kernel in progress(program.kernels, desc="tuning", quiet=quiet, unit="kernel"):
         if not target.tunes(kernel, mode):
             continue
-        space = target.schedule_space(kernel, threads, program.weight_names)
+        space = target.schedule_space(kernel, threads, weights)
         if len(space) < 2:
             continue
         key = tuning_key(kernel_key(kernel, program), kernel.shape, kernel.body.dtype, target.name, device) \

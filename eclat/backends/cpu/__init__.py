@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ...compiler.kernel import Kernel, Program, as_attention, as_contraction
+from ...compiler.kernel import Buffer, Kernel, Program, as_attention, as_contraction
 from ..target import Section, Target
 
 
@@ -37,15 +38,17 @@ class CpuTarget(Target):
 
         return CpuProbe()
 
-    def default_schedule(self, kernel: Kernel, threads: int = 1, weights: Collection[str] = ()) -> Any:
+    def default_schedule(self, kernel: Kernel, threads: int = 1, weights: Mapping[str, Buffer] | None = None
+                         ) -> Any:
         from .schedules import default_schedule
 
-        return default_schedule(kernel, threads, weights=weights)
+        return default_schedule(kernel, threads, weights=weights or {}, held_width=_held_width(weights or {}))
 
-    def schedule_space(self, kernel: Kernel, threads: int = 1, weights: Collection[str] = ()) -> list[Any]:
+    def schedule_space(self, kernel: Kernel, threads: int = 1, weights: Mapping[str, Buffer] | None = None
+                       ) -> list[Any]:
         from .schedules import schedule_space
 
-        return schedule_space(kernel, threads, weights=weights)
+        return schedule_space(kernel, threads, weights=weights or {}, held_width=_held_width(weights or {}))
 
     def tunes(self, kernel: Kernel, mode: str) -> bool:
         return mode == "full" or as_contraction(kernel) is not None  # "fast": the GEMMs, where tiles matter
@@ -81,6 +84,13 @@ class CpuTarget(Target):
         from .codegen import packed_copies
 
         return packed_copies(program)
+
+
+def _held_width(weights: Mapping[str, Buffer]) -> Any:
+    """schedules.HeldWidth over the program's weights: the packed forms another program holds."""
+    from .contraction import held_panel_width
+
+    return functools.partial(held_panel_width, weights)
 
 
 TARGET = CpuTarget()

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import llvmlite.ir as ir
 import numpy as np
 
-from ...compiler.derived import derived, viewed
+from ...compiler.derived import derived, viewed, was_held
 from ...compiler.group import ravel
 from ...compiler.kernel import (
     Buffer,
@@ -24,6 +24,7 @@ from ...compiler.kernel import (
     KExpr,
     Load,
     Op,
+    as_contraction,
     axis_vars,
     free_vars,
     loads,
@@ -122,13 +123,8 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
     """data[index(n, k)] as [panels, K, NR], zero past column n, flat: float32, or in fmt when fmt
     holds every value exactly (quantize.storage: the packed values, then their scales, if any).
     Remembered while data lives (compiler.derived)."""
-    parts = terms(index)
-    linear = {None if a is None else a.name: c for c, a in parts if a is None or isinstance(a, Var)}
-    affine = len(linear) == len(parts) and set(linear) - {None} <= {n_var, k_var}
-    layout = (linear.get(None, 0), linear.get(n_var, 0), linear.get(k_var, 0)) if affine else str(index)
-    held = _in_memory(data, *layout, n, kk) if affine else None
-    if held is not None:  # keyed by the matrix read, whichever view of an array reads it
-        data, layout = held
+    data, layout = _panels_source(data, index, n_var, k_var, n, kk)
+    affine = not isinstance(layout, str)
 
     def pack() -> list[np.ndarray]:
         panels = -(-n // nr)
@@ -147,6 +143,37 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
         stored = storage(out, FORMATS[fmt]) if fmt else None
         return [a.reshape(-1) for a in stored] if stored is not None else [out.reshape(-1)]
     return derived(data, ("panels", layout, n, kk, nr, fmt), pack)
+
+
+def _panels_source(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int, kk: int
+                   ) -> tuple[np.ndarray, tuple[int, int, int] | str]:
+    """The array packed_panels reads data[index(n, k)] from and the layout its packed form is
+    keyed by: (start, step along n, step along k) in the matrix's own array, whichever view of
+    it data is (`_in_memory`), or the index's text where it is not affine."""
+    parts = terms(index)
+    linear = {None if a is None else a.name: c for c, a in parts if a is None or isinstance(a, Var)}
+    if not (len(linear) == len(parts) and set(linear) - {None} <= {n_var, k_var}):
+        return data, str(index)
+    layout = (linear.get(None, 0), linear.get(n_var, 0), linear.get(k_var, 0))
+    return _in_memory(data, *layout, n, kk) or (data, layout)
+
+
+def held_panel_width(weights: Mapping[str, Buffer], kernel: Kernel, widths: Iterable[int]) -> int | None:
+    """The first of widths at which kernel's right operand, a weight packed whole (not per batch
+    index), was held packed when the compile began (compiler.derived.was_held: by another program
+    of the model); None where there is none."""
+    c = as_contraction(kernel)
+    b = c.b if c is not None else None
+    if not (isinstance(b, Load) and b.valid == Num(1) and b.buffer in weights):
+        return None
+    source = weights[b.buffer]
+    n_var, k_var = f"i{c.n_axis}", c.reduce.var.name
+    n, kk = kernel.shape[c.n_axis], c.reduce.size
+    if source.data is None or not free_vars(b) <= {n_var, k_var} or not isinstance(n, int) \
+            or not isinstance(kk, int):
+        return None
+    data, layout = _panels_source(np.asarray(source.data), b.index, n_var, k_var, n, kk)
+    return next((w for w in widths if was_held(data, ("panels", layout, n, kk, w, source.format))), None)
 
 
 def _in_memory(data: np.ndarray, start: int, sn: int, sk: int, n: int, kk: int

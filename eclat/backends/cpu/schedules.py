@@ -15,7 +15,7 @@ and linear layers', 49 to 3136 columns, 256 to 4608 deep).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
 
 from ...compiler.kernel import Kernel, KExpr, Load, Schedule, as_contraction, transposed
@@ -58,6 +58,11 @@ WEIGHT_RIGHT_COLUMNS = 1024
 # (1024^3, 784x512x512, K 576 to 2304) level or up to 30% slower chunked (the sums kept between chunks).
 PANEL_L2_SHARE = 0.25
 L1_SHARE = 2 / 3
+# A matrix-vector product reads each element of its weight once whatever its panel width (GPT-2's
+# decode, AVX-512 Xeon: 33.1 tok/s at its prefill's widths, 33.4 at its own). Where another program
+# holds the weight packed (a language model's prefill: compiler.derived.held_before), the product reads
+# that copy at its width and is not timed at others, each of which would pack the weight again.
+HeldWidth = Callable[[Kernel, Iterable[int]], "int | None"]  # the first of the widths held packed
 
 
 def fits(tile: tuple[int, int], lanes: int, registers: int) -> bool:
@@ -161,6 +166,17 @@ def filled(rows: int, cols: int, tile: tuple[int, int], lanes: int) -> float:
     return useful * (1.0 if mr == 1 else min(1.0, mr * (nr // lanes) / ACCUMULATOR_CHAINS))
 
 
+def _on_held_panels(kernel: Kernel, schedule: Schedule, lanes: int, registers: int,
+                    held_width: HeldWidth | None) -> Schedule | None:
+    """schedule at the panel width at which another program holds the weight of kernel, a
+    matrix-vector product not transposed, packed; None where it is not one or none is held."""
+    sizes = _sizes(kernel)
+    if held_width is None or schedule.transposed or sizes is None or sizes[0] >= MATVEC_ROWS:
+        return None
+    width = held_width(kernel, [schedule.tile[1]] + [nr for _, nr in gemv_tiles(lanes, registers)])
+    return None if width is None else replace(schedule, tile=(schedule.tile[0], width))
+
+
 def chunked(kernel: Kernel, schedule: Schedule, caches: tuple[int, int] | None = None,
             any_panel: bool = False) -> Schedule:
     """schedule with its contraction's reduction in chunks (`Schedule.depth`) that keep a panel's
@@ -180,12 +196,13 @@ def chunked(kernel: Kernel, schedule: Schedule, caches: tuple[int, int] | None =
 
 def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
                      registers: int | None = None, weights: Collection[str] = (),
-                     caches: tuple[int, int] | None = None) -> Schedule:
+                     caches: tuple[int, int] | None = None, held_width: HeldWidth | None = None) -> Schedule:
     """The schedule that needs no tuning: the tile for the contraction's rows, transposed where
     that fills clearly more of the tiles (TRANSPOSE_GAIN) or packs a weight read on the left as the
-    right operand (WEIGHT_RIGHT_*), a long reduction in chunks (`chunked`). lanes and registers: the
-    vector unit's float32 lanes and vector registers, caches: its L1 data and L2 cache bytes (None:
-    the host's); weights: the names of the program's weight buffers."""
+    right operand (WEIGHT_RIGHT_*), a long reduction in chunks (`chunked`), a matrix-vector
+    product at the width another program holds its weight packed (held_width: see HeldWidth).
+    lanes and registers: the vector unit's float32 lanes and vector registers, caches: its L1 data
+    and L2 cache bytes (None: the host's); weights: the names of the program's weight buffers."""
     lanes, registers = _defaults(lanes, registers)
     plain, flip = _sizes(kernel), _sizes(kernel, flip=True)
     if plain is None:
@@ -198,16 +215,22 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
         pays = _weight_right_pays(kernel, weights, plain, turned.tile[1], l2)
         if gain > TRANSPOSE_GAIN or gain >= 1 and pays:
             best = turned
-    return chunked(kernel, best, caches)
+    best = chunked(kernel, best, caches)
+    return _on_held_panels(kernel, best, lanes, registers, held_width) or best
 
 
 def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
                    registers: int | None = None, weights: Collection[str] = (),
-                   caches: tuple[int, int] | None = None) -> list[Schedule]:
+                   caches: tuple[int, int] | None = None, held_width: HeldWidth | None = None
+                   ) -> list[Schedule]:
     """The schedules worth timing for kernel, the default first, each once: a contraction's tiles
-    in both orientations, each orientation's own default next (a "fast" search times the first few)."""
+    in both orientations, each orientation's own default next (a "fast" search times the first few);
+    only the default for a matrix-vector product that reads another program's packed weight."""
     lanes, registers = _defaults(lanes, registers)
     base = default_schedule(kernel, threads, lanes, registers, weights, caches)
+    held = _on_held_panels(kernel, base, lanes, registers, held_width)
+    if held is not None:
+        return [held]
     # in one piece, and in chunks wherever the panel is longer than one (measured: some panels
     # under the default's bound run faster chunked, 784x512x512 1.13x)
     out, rest = [base, replace(base, depth=0), chunked(kernel, base, caches, any_panel=True)], []

@@ -4,7 +4,7 @@ cannot launch (each "module:name", imported on first use: pyopencl, pycuda and P
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import import_module
 from typing import Any
@@ -59,11 +59,11 @@ class GpuTarget(Target):
         return _load(self.missing_reason)() if self.missing_reason else None
 
     def default_schedule(self, kernel: Kernel, threads: int = 1,
-                         weights: Collection[str] = ()) -> GpuSchedule:
+                         weights: Mapping[str, Buffer] | None = None) -> GpuSchedule:
         return default_gpu_schedule(kernel, self.dialect)
 
     def schedule_space(self, kernel: Kernel, threads: int = 1,
-                       weights: Collection[str] = ()) -> list[GpuSchedule]:
+                       weights: Mapping[str, Buffer] | None = None) -> list[GpuSchedule]:
         return gpu_schedule_space(kernel, self.dialect) if kernel.numel else []
 
     def schedule_from(self, data: dict[str, Any]) -> GpuSchedule:
