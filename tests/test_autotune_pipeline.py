@@ -305,7 +305,8 @@ def test_a_one_row_product_reads_the_packed_weight_another_program_holds_untimed
     held = derived.held()
     x = torch.randn(1, 768)
     one = eclat.compile(linear, (x,), autotune="fast", cache_dir=tmp_path / "one")
-    new = [k for k in derived.held() - held if k[3][0] == "panels" and derived.nbytes(k) >= tune.NEW_COPY_BYTES]
+    new = [k for k in derived.held() - held
+           if k[3][0] == "panels" and derived.nbytes(k) >= tune.NEW_COPY_BYTES]
     tiles = [k.schedule.tile for k in one.executable.program.kernels if k.schedule.tile]
     assert tiles == [(1, wide)] and not new and not timed
     torch.testing.assert_close(one(x), linear(x), rtol=1e-4, atol=1e-4)
