@@ -56,10 +56,10 @@ class CausalLM:
 
     def save(self, path: str) -> None:
         """Write a folder that `eclat.load` reads back as a CausalLM: the two programs' artifacts
-        and lm.json. (Each artifact holds its own weights: on disk they are stored twice.)"""
+        and lm.json. The weights the programs share are stored once, in the prefill's."""
         os.makedirs(path, exist_ok=True)
         self.prefill.save(os.path.join(path, PREFILL))
-        self.decode.save(os.path.join(path, DECODE))
+        self.decode.save(os.path.join(path, DECODE), beside=self.prefill)
         with open(os.path.join(path, LM_JSON), "w") as f:
             json.dump({"format": "eclat-causal-lm", "max_len": self.max_len, "chunk": self.chunk,
                        **({"agreement": self.agreement} if self.agreement else {})}, f)
@@ -166,7 +166,8 @@ def load_lm(path: str) -> CausalLM:
         max_len, chunk = int(meta["max_len"]), int(meta["chunk"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ArtifactError(f"{path}: not a saved language model ({type(e).__name__}: {e})") from None
-    prefill, decode = load(os.path.join(path, PREFILL)), load(os.path.join(path, DECODE))
+    prefill = load(os.path.join(path, PREFILL))
+    decode = load(os.path.join(path, DECODE), beside=prefill)
     try:
         return CausalLM(prefill, decode, max_len, chunk, meta.get("agreement"))
     except ValueError as e:

@@ -75,6 +75,25 @@ def test_the_cache_is_one_set_of_arrays_written_in_place(gpt2):
     assert keys and all(k.shape[2] == MAX_LEN for k in keys) and keys[0][:, :, :8].any()
 
 
+def test_a_saved_model_stores_its_weights_once(gpt2, tmp_path):
+    """The decode's artifact stores none of the weights it shares with the prefill's; the folder
+    loads back and generates the same tokens; the decode's artifact alone is a clear error."""
+    from eclat.compiler.artifact import SHARED, WEIGHTS, Artifact
+
+    model, lm = gpt2
+    lm.save(str(tmp_path / "lm"))
+    stored = {}
+    for name in ("prefill", "decode"):
+        with Artifact(tmp_path / "lm" / f"{name}.eclat") as art:
+            stored[name], shared = art.sizes()[WEIGHTS], art.manifest.get(SHARED)
+    assert any("c_attn" in name for name in shared) and any("mlp" in name for name in shared)
+    assert stored["decode"] < stored["prefill"] / 4
+    prompt = [5, 17, 42]
+    assert eclat.load(str(tmp_path / "lm")).generate(prompt, 8) == lm.generate(prompt, 8)
+    with pytest.raises(ArtifactError, match="saved beside"):
+        eclat.load(str(tmp_path / "lm" / "decode.eclat"))
+
+
 def test_sampling_is_seeded_and_top_k_one_is_greedy(gpt2):
     _, lm = gpt2
     prompt = [7, 8, 9]

@@ -33,7 +33,7 @@ import math
 import os
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 import numpy as np
@@ -51,6 +51,7 @@ from .tensorfile import buffer, read_tensors, write_tensors
 
 FORMAT = "eclat-artifact"
 FORMAT_VERSION = 1
+SHARED = "weights_beside"  # manifest: this weight's name -> its name in the artifact saved beside it
 MANIFEST, WEIGHTS, STATES = "manifest.json", "weights.safetensors", "states.safetensors"
 MANIFEST_DIGEST = "manifest.sha256"  # the manifest's own checksum (it holds every other member's)
 BINARY = (".o", ".bin", ".safetensors")  # members stored as they are (read in place); others deflated
@@ -262,11 +263,15 @@ def read_artifact(path: str | os.PathLike) -> dict[str, Any]:
 
 # --- saving ----------------------------------------------------------------------------------------
 
-def save_artifact(model: Any, path: str | os.PathLike) -> None:
+def save_artifact(model: Any, path: str | os.PathLike,
+                  beside: Mapping[str, np.ndarray] | None = None) -> None:
     """Write a CompiledModel to path (one zip file), atomically: a reader never sees half a file.
     Everything stored is taken from the program the executable runs, so what is saved is what loads.
     A model with programs per size bucket (compiler.buckets) keeps each: the example's as the
-    artifact's program, the others under `buckets` with their members in a folder each."""
+    artifact's program, the others under `buckets` with their members in a folder each. beside:
+    another artifact's weights by name (a language model's prefill beside its decode): a weight
+    whose memory is one of them is not stored, its manifest names it (`SHARED`), and load_artifact
+    takes it from that artifact's."""
     where = os.fspath(path)
     parts = model.executable.buckets if isinstance(model.executable, SizeBuckets) else \
         [Bucket({}, model.executable)]
@@ -297,6 +302,8 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
             continue  # the example's program serves its sizes
         files |= {prefix + name: data for name, data in section.files.items()}
         sections.append((part, prefix, section.native))
+    shared = _stored_beside(weights, beside or {})
+    weights = {name: a for name, a in weights.items() if name not in shared}
     states = model.state_specs
     # their values as compiled (a cache's zeros), not as the last call left them
     tensors = {WEIGHTS: weights, **({STATES: {s.name: s.initial for s in states}} if states else {})}
@@ -309,6 +316,8 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
             digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
             digests |= {name: write_tensors(z, name, arrays) for name, arrays in tensors.items()}
             manifest = _manifest_of(model, program, exe, target_name, sections[0][2], report, digests)
+            if shared:
+                manifest[SHARED] = shared
             if len(sections) > 1:
                 manifest["sizes"] = parts[0].sizes
                 manifest["buckets"] = [
@@ -325,6 +334,14 @@ def save_artifact(model: Any, path: str | os.PathLike) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _stored_beside(weights: dict[str, np.ndarray], beside: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """name -> the name in beside of each weight whose memory is that array's (same bytes, same place)."""
+    def place(a: np.ndarray) -> tuple:
+        return a.__array_interface__["data"][0], a.nbytes, a.dtype.str
+    theirs = {place(np.asarray(a).reshape(-1)): name for name, a in beside.items()}
+    return {name: theirs[place(a)] for name, a in weights.items() if place(a) in theirs}
 
 
 def _stored_weights(program: Program, reads: set[str], optional: set[str],
@@ -408,9 +425,10 @@ def _target(name: str, where: str) -> Any:
         raise ArtifactError(f"{where} (this eclat has targets {', '.join(target_names())})") from None
 
 
-def load_artifact(path: str | os.PathLike) -> Loaded:
+def load_artifact(path: str | os.PathLike, beside: Mapping[str, np.ndarray] | None = None) -> Loaded:
     """An artifact's executable and what calling it takes (see Loaded). Any problem with the file
-    is an ArtifactError naming it, raised before the first call."""
+    is an ArtifactError naming it, raised before the first call. beside: the weights by name of the
+    artifact it was saved beside (save_artifact), where it stores only its own."""
     start = time.perf_counter()
     with Artifact(path) as art:
         manifest, where = art.manifest, art.path
@@ -430,7 +448,8 @@ def load_artifact(path: str | os.PathLike) -> Loaded:
                        for b in manifest.get("buckets") or ()]
             for bucket, other, _ in buckets:
                 check_program(other, _specs_at(specs, bucket), where)
-            _attach_weights([program, *(other for _, other, _ in buckets)], art, backend.optional_weights)
+            _attach_weights([program, *(other for _, other, _ in buckets)], art, backend.optional_weights,
+                            _beside(manifest.get(SHARED) or {}, beside, where))
             states = _states(manifest.get("states") or [], specs, art)
             if in_structure is not None and structure_tensors(in_structure) != len(specs) - len(states):
                 raise ArtifactError(f"{where}: its input structure passes {structure_tensors(in_structure)} "
@@ -489,12 +508,25 @@ def _weight_limit(weights: list[Buffer]) -> int:
     return sum(b.nbytes + len(b.name.encode()) + 256 for b in weights) + 4096
 
 
-def _attach_weights(programs: list[Program], art: Artifact, optional_of: Any) -> None:
-    """Each weight's data from the weights member (read once for every program), checked against
-    its buffer; only a weight the code reads through a packed copy (optional_of(program)) may be
-    absent (left without data, its slot never read)."""
+def _beside(shared: Any, beside: Mapping[str, np.ndarray] | None, where: str) -> dict[str, np.ndarray]:
+    """The weights an artifact stores in the one it was saved beside (its manifest's SHARED), by name."""
+    if not isinstance(shared, dict) or not all(isinstance(v, str) for v in shared.values()):
+        raise ArtifactError(f"{where}: its manifest's {SHARED!r} is not a table of weight names")
+    missing = sorted(set(shared.values()) - set(beside or {}))
+    if missing:
+        raise ArtifactError(f"{where} stores {len(missing)} of its weights ({missing[0]!r}, ...) in the "
+                            f"artifact it was saved beside (a language model's folder): load that folder")
+    return {name: np.asarray(beside[other]).reshape(-1) for name, other in shared.items()}
+
+
+def _attach_weights(programs: list[Program], art: Artifact, optional_of: Any,
+                    beside: dict[str, np.ndarray]) -> None:
+    """Each weight's data from the weights member (read once for every program), or from the
+    artifact it was saved beside, checked against its buffer; only a weight the code reads through
+    a packed copy (optional_of(program)) may be absent (left without data, its slot never read)."""
     union = {b.name: b for p in programs for b in p.buffers.values() if b.role == "weight"}
-    stored = art.read_tensors(WEIGHTS, _weight_limit(list(union.values())))
+    stored = art.read_tensors(WEIGHTS, _weight_limit([b for n, b in union.items() if n not in beside]))
+    stored.update(beside)
     for program in programs:
         optional = optional_of(program)
         for b in (b for b in program.buffers.values() if b.role == "weight"):

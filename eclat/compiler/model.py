@@ -240,24 +240,38 @@ class CompiledModel:
             raise ValueError(f"{where}: expected shape {list(spec.shape)}, given {list(a.shape)}")
         return np.ascontiguousarray(a)
 
-    def save(self, path: str) -> None:
-        """Write an artifact that `eclat.load` runs without torch, egglog or a new search."""
+    def save(self, path: str, beside: CompiledModel | None = None) -> None:
+        """Write an artifact that `eclat.load` runs without torch, egglog or a new search. beside:
+        another program of the model, saved with it: the weights they share are stored there only
+        (`load(path, beside=...)` takes them from it)."""
         from .artifact import save_artifact
 
-        save_artifact(self, path)
+        save_artifact(self, path, _weights_of(beside))
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        """The program's weights by name, as its executable holds them (none where it keeps no program)."""
+        program = getattr(self.executable, "program", None)
+        held = program.weights if program is not None else {}
+        return {name: b.data for name, b in held.items() if b.data is not None}
 
     def report(self) -> dict:
         """What was chosen and why, as JSON data (`compile_report` is the typed record)."""
         return self.compile_report.to_dict()
 
 
-def load(path: str) -> CompiledModel:
-    """The CompiledModel an artifact holds; outputs are numpy arrays unless called with torch."""
+def load(path: str, beside: CompiledModel | None = None) -> CompiledModel:
+    """The CompiledModel an artifact holds; outputs are numpy arrays unless called with torch.
+    beside: the program it was saved beside (CompiledModel.save), whose weights it shares."""
     from .artifact import load_artifact
 
-    loaded = load_artifact(path)
+    loaded = load_artifact(path, _weights_of(beside))
     return CompiledModel(loaded.executable, loaded.inputs, loaded.out_spec, loaded.report,
                          loaded.in_structure, loaded.states)
+
+
+def _weights_of(model: CompiledModel | None) -> dict[str, np.ndarray] | None:
+    return None if model is None else model.weights
 
 
 def _describe(spec: InputSpec) -> str:
