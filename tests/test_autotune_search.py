@@ -220,11 +220,11 @@ def test_schedules_are_timed_in_turns_so_a_fast_spell_favours_none():
 
     def target(space):
         return SimpleNamespace(name="fake", tunes=lambda k, mode: True,
-                               schedule_space=lambda k, t, w=(): space, schedule_json=lambda s: {"s": s},
+                               schedule_space=lambda k, t, w=None: space, schedule_json=lambda s: {"s": s},
                                schedule_trials=lambda p, t, i: trial)
 
     kernel = SimpleNamespace(name="k0", schedule=Schedule())
-    program = SimpleNamespace(kernels=[kernel], weight_names=frozenset())
+    program = SimpleNamespace(kernels=[kernel], weights={})
     space = ["s0", "broken", "s1", "crashes", "s2"]
     counts = tune_module.tune(program, target(space), None, None, "full", 1, [])
     assert kernel.schedule == "s1" and counts == {"tuned": 1}
