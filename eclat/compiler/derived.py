@@ -72,8 +72,11 @@ def held_before() -> frozenset[tuple]:
 
 def was_held(data: np.ndarray, key: Hashable) -> bool:
     """Whether derived(data, key, ...)'s form was held when the enclosing `compiling` began (and is)."""
+    before = _BEFORE.get()
+    if not before:  # nothing held (most compiles): no digest of data to take
+        return False
     full = _full_key(data, key)
-    return full in _BEFORE.get() and _alive(_DERIVED.get(full)) is not _GONE
+    return full in before and _alive(_DERIVED.get(full)) is not _GONE
 
 
 def _full_key(data: np.ndarray, key: Hashable) -> tuple:
