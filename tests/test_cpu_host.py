@@ -122,7 +122,7 @@ def _default_of(model: nn.Module, x: torch.Tensor, known_weights: bool = True) -
     """The default schedule, for 16 lanes and 32 registers, of the model's one product kernel."""
     program = _program(model.eval(), (x,))
     (kern,) = [k for k in program.kernels if contraction_of(k, program.buffers) is not None]
-    weights = program.weight_names if known_weights else ()
+    weights = program.weights if known_weights else {}
     return default_schedule(kern, lanes=16, registers=32, weights=weights, caches=(48 << 10, 2 << 20))
 
 
@@ -159,7 +159,7 @@ def test_a_large_weight_broadcast_from_the_left_is_not_timed():
     def space(model: nn.Module, x: torch.Tensor) -> list[Schedule]:
         program = _program(model.eval(), (x,))
         (kern,) = [k for k in program.kernels if contraction_of(k, program.buffers) is not None]
-        return schedule_space(kern, lanes=16, registers=32, weights=program.weight_names,
+        return schedule_space(kern, lanes=16, registers=32, weights=program.weights,
                               caches=(48 << 10, 2 << 20))
     late = space(nn.Conv2d(512, 512, 3, padding=1, bias=False), torch.randn(1, 512, 7, 7))  # 9.4 MB
     assert late[0].transposed and all(s.transposed for s in late)

@@ -538,11 +538,8 @@ class Program:
     sizes: tuple[Var, ...] = ()
 
     @property
-    def weight_names(self) -> frozenset[str]:
-        return frozenset(name for name, b in self.buffers.items() if b.role == "weight")
-
-    @property
     def weights(self) -> dict[str, Buffer]:
+        """The weight buffers by name (what a target's schedules may read of them)."""
         return {name: b for name, b in self.buffers.items() if b.role == "weight"}
 
     def __str__(self) -> str:

@@ -211,7 +211,7 @@ def scheduled(program: Program, threads: int = 1, lanes: int | None = None) -> P
     scheduled yet (grouped, not searched, or scheduled for another target) take the default."""
     return replace(program, buffers=dict(program.buffers),
                    kernels=[replace(k, schedule=k.schedule if isinstance(k.schedule, Schedule)
-                                    else default_schedule(k, threads, lanes, weights=program.weight_names))
+                                    else default_schedule(k, threads, lanes, weights=program.weights))
                             for k in program.kernels])
 
 
