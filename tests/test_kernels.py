@@ -753,6 +753,30 @@ def test_windows_read_through_padding_run_unmasked_inside_the_rows(stride, threa
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize("width, stride", [(25, 1), (25, 2), (7, 1), (9, 2)])
+def test_a_panel_crossing_the_end_of_an_output_row_reads_two_runs(width, stride):
+    """A convolution's product reads its input's windows in place, column by column of the output:
+    a panel of 32 columns over rows of 25 (or 13) crosses into the next row, where the windows jump
+    on. Each vector of it is read as the two runs it is (two loads, or two pairs and their
+    shuffles at stride 2, blended on the lanes of the first), not gathered; a vector crossing two
+    rows (rows of 7 and 5) is gathered. Right against torch in every case."""
+    import torch
+
+    import eclat
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(6, 40, 3, stride=stride, padding=1).eval()
+    x = torch.randn(1, 6, 27, width)
+    compiled = eclat.compile(conv, (x,), autotune="none", quiet=True, verify=False)
+    exe = compiled.executable.buckets[0].executable if hasattr(compiled.executable, "buckets") \
+        else compiled.executable
+    products = [k for k in exe.program.kernels if as_contraction(k) is not None]
+    assert [k.schedule.tile[1] for k in products] == [32]
+    np.testing.assert_allclose(compiled(x.numpy()), conv(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    if width > 16:  # the lanes of each run are found (narrower rows: whatever the lowering chose)
+        assert any(f"icmp eq <{exe.module.lanes} x i64>" in text for text in exe.module.kernels.values())
+
+
 @pytest.mark.parametrize("make", ["make_hf_llama", "make_mobile"])
 def test_grouping_reuses_kernels_only_where_nothing_they_inline_changed(make, monkeypatch):
     """Each attempt of grouping's fixpoint takes the kernels of the previous one that inline nothing

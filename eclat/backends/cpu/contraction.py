@@ -704,7 +704,8 @@ class ContractionEmitter(KernelEmitter):
         free of the columns and column a function of them alone (the windows of a convolution's
         input read in place: the column is the output position): column's value at each of the
         panel's columns (clamped to the last), which does not change with k, and one vector load
-        where they are consecutive, two and a shuffle where they step by two, else a gather."""
+        where they are consecutive, two and a shuffle where they step by two, else each vector as
+        `_b_vector` reads it."""
         bb, lanes = self.b, self.lanes
         load: Load = c.b
         n_var, last = f"i{c.n_axis}", self.sym(to_expr(self.k.shape[c.n_axis]) - 1)
@@ -721,32 +722,59 @@ class ContractionEmitter(KernelEmitter):
             return out
         base = bb.gep(self.ptr[load.buffer], [self.sym(rest)], source_etype=F32)
 
-        def loads(step: int = 1) -> list[ir.Value]:
-            """Each vector from `step` consecutive ones, every step-th value (a stride-2 convolution's
-            row: two loads and a shuffle, not a gather)."""
+        def run(start: ir.Value, step: int) -> ir.Value:
+            """The vector of every step-th value from offset `start` (a stride-2 convolution's row:
+            two loads and a shuffle, not a gather)."""
             wide = ir.VectorType(F32, lanes * step)
-            out = []
-            for v in range(nr // lanes):
-                at = bb.gep(base, [bb.add(offsets[0], i64(v * lanes * step))], source_etype=F32)
-                run = bb.load(at, typ=wide, align=4)
-                out.append(run if step == 1 else bb.shuffle_vector(
-                    run, ir.Constant(wide, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes),
-                                                                     [step * j for j in range(lanes)])))
-            return out
+            got = bb.load(bb.gep(base, [start], source_etype=F32), typ=wide, align=4)
+            return got if step == 1 else bb.shuffle_vector(
+                got, ir.Constant(wide, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes),
+                                                                 [step * j for j in range(lanes)]))
 
-        def gathers() -> list[ir.Value]:  # the addresses as integers: base + 4 offset
-            start, out = splat(bb, bb.ptrtoint(base, I64), lanes), []
-            every = ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * lanes)
-            for v in range(nr // lanes):
-                at = ir.Constant(ir.VectorType(I64, lanes), ir.Undefined)
-                for lane in range(lanes):
-                    at = bb.insert_element(at, bb.mul(offsets[v * lanes + lane], i64(4)), i64(lane))
-                ptrs = bb.inttoptr(bb.add(start, at), ir.VectorType(PTR, lanes))
-                out.append(bb.call(self._gather(vt), [ptrs, ir.Constant(I32, 4), every,
-                                                      ir.Constant(vt, ir.Undefined)]))
-            return out
+        def loads(step: int = 1) -> list[ir.Value]:
+            return [run(bb.add(offsets[0], i64(v * lanes * step)), step) for v in range(nr // lanes)]
+
+        def each() -> list[ir.Value]:
+            return [self._b_vector(base, offsets[v * lanes:(v + 1) * lanes], vt, run)
+                    for v in range(nr // lanes)]
         return self._either(spaced(1), vt, loads,
-                            lambda: self._either(spaced(2), vt, lambda: loads(2), gathers))
+                            lambda: self._either(spaced(2), vt, lambda: loads(2), each))
+
+    def _b_vector(self, base: ir.Value, offsets: list[ir.Value], vt: ir.VectorType,
+                  run: Callable[[ir.Value, int], ir.Value]) -> ir.Value:
+        """One vector of the right operand at offsets from base: where they make two runs of step 1
+        or 2 (the panel crosses the end of an output row, and the next row's windows start further on
+        in the input), the two runs' vectors blended; else a gather. Both runs' loads stay between the
+        first offset and the last, where offsets increase by at least the step (windows in order)."""
+        bb, lanes = self.b, len(offsets)
+        iv, iota = ir.VectorType(I64, lanes), list(range(lanes))
+        at = ir.Constant(iv, ir.Undefined)
+        for lane, o in enumerate(offsets):
+            at = bb.insert_element(at, o, i64(lane))
+        first, final = splat(bb, offsets[0], lanes), splat(bb, offsets[-1], lanes)
+
+        def runs(step: int) -> tuple[ir.Value, ir.Value]:
+            """(whether every lane lies on one of the two runs, the lanes on the first)."""
+            ahead = ir.Constant(iv, [step * j for j in iota])
+            behind = ir.Constant(iv, [step * (lanes - 1 - j) for j in iota])
+            on_first = bb.icmp_signed("==", at, bb.add(first, ahead))
+            on_last = bb.icmp_signed("==", at, bb.sub(final, behind))
+            every = bb.bitcast(bb.or_(on_first, on_last), ir.IntType(lanes))
+            return bb.icmp_signed("==", every, ir.Constant(ir.IntType(lanes), -1)), on_first
+
+        def blended(step: int, on_first: ir.Value) -> list[ir.Value]:
+            back = bb.sub(offsets[-1], i64(step * (lanes - 1)))
+            return [bb.select(on_first, run(offsets[0], step), run(back, step))]
+
+        def gather() -> list[ir.Value]:  # the addresses as integers: base + 4 offset
+            start = splat(bb, bb.ptrtoint(base, I64), lanes)
+            ptrs = bb.inttoptr(bb.add(start, bb.mul(at, splat(bb, i64(4), lanes))), ir.VectorType(PTR, lanes))
+            every = ir.Constant(ir.VectorType(ir.IntType(1), lanes), [1] * lanes)
+            return [bb.call(self._gather(vt), [ptrs, ir.Constant(I32, 4), every,
+                                               ir.Constant(vt, ir.Undefined)])]
+        (one, first_one), (two, first_two) = runs(1), runs(2)
+        return self._either(one, vt, lambda: blended(1, first_one),
+                            lambda: self._either(two, vt, lambda: blended(2, first_two), gather))[0]
 
     def _gather(self, vt: ir.VectorType) -> ir.Function:
         """LLVM's masked gather of vt's floats from a vector of pointers."""
