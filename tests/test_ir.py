@@ -76,6 +76,36 @@ def test_interpreter_semantics() -> None:
     np.testing.assert_array_equal(_run1(g.reduce("sum", empty, 1), [empty], [zeros]), [0, 0])
 
 
+@pytest.mark.parametrize("reduction", ["sum", "max_reduce"])
+def test_a_large_product_read_only_by_a_reduction_is_made_in_slabs(reduction, monkeypatch) -> None:
+    """A matmul written as a sum of products ([3, 1000, 5000] of them, 60 MB here; GPT-2's output
+    head 154 MB, its compile's peak) is made and reduced a slab at a time: the same values, bit for
+    bit, while at most a slab and a few of its reductions are held at once."""
+    import tracemalloc
+
+    from eclat.ir import interpreter
+
+    rng = np.random.default_rng(0)
+    x, w = g.input_("x", (3, 1000)), rng.standard_normal((1000, 5000)).astype(np.float32)
+    xe = g.movement(x, lambda v: v.reshape((3, 1000, 1)).expand((3, 1000, 5000)))
+    we = g.movement(g.weight("w", w, DType.float32),
+                    lambda v: v.reshape((1, 1000, 5000)).expand((3, 1000, 5000)))
+    graph = Graph([x], [g.reduce(reduction, g.binary("mul", xe, we), 1)], {"w": w})
+    xs = rng.standard_normal((3, 1000)).astype(np.float32)
+    slab = 4 << 20
+    monkeypatch.setattr(interpreter, "SLAB_BYTES", slab)
+    tracemalloc.start()
+    slabbed = run(graph, [xs])[0]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    monkeypatch.setattr(interpreter, "SLAB_BYTES", 1 << 40)
+    whole = run(graph, [xs])[0]
+    np.testing.assert_array_equal(slabbed, whole)
+    assert peak < 4 * slab < 60e6
+    if reduction == "sum":
+        np.testing.assert_allclose(whole, xs @ w, rtol=1e-4, atol=1e-3)
+
+
 def test_casts_and_dtypes() -> None:
     x = g.input_("x", (3,))
     out = _run1(g.cast(x, DType.int32), [x], [np.array([1.7, -1.7, 2.0], np.float32)])
