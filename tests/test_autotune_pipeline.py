@@ -210,6 +210,45 @@ def test_tuned_schedules_are_kept_only_when_the_whole_program_runs_faster(tmp_pa
             f.unlink()
 
 
+@pytest.mark.parametrize("tuned_faster", [True, False])
+def test_the_untuned_build_goes_before_a_tuned_build_that_packs_weights_anew(tmp_path, monkeypatch,
+                                                                             tuned_faster):
+    """Where the tuned schedules read HOLD_BOTH_BYTES of weights in other ways, the untuned build is
+    timed and let go before the tuned one is built (the two held a packed copy each: GPT-2's compile
+    peaked there); the tuned program is kept when it runs faster, else the defaults are built again."""
+    import weakref
+    from dataclasses import replace
+
+    from eclat.compiler import tune as tune_module
+
+    def unroll_everything(program, *args, **kwargs):  # a "tuned" schedule that differs from the default
+        for k in program.kernels:
+            k.schedule = replace(k.schedule, unroll=3)
+        return {"tuned": len(program.kernels)}
+    monkeypatch.setattr(tune_module, "tune", unroll_everything)
+    monkeypatch.setattr(pipeline, "HOLD_BOTH_BYTES", 0)
+    monkeypatch.setattr(pipeline, "_faster_first", lambda *a: pytest.fail("both builds were held"))
+    times = iter([2.0, 1.0] if tuned_faster else [1.0, 2.0])  # the untuned build's, then the tuned's
+    monkeypatch.setattr(pipeline, "_median_us", lambda exe, arrays: next(times))
+    untuned, alive = [], []
+    real_tuned, real_build = pipeline._tuned, pipeline.verified_build
+
+    def tuned(program, target, device, mode, threads, db, arrays, reference, before, bars):
+        untuned.append(weakref.ref(before[0]))
+        return real_tuned(program, target, device, mode, threads, db, arrays, reference, before, bars)
+
+    def build(*args, **kwargs):
+        alive.extend(ref() is not None for ref in untuned)
+        return real_build(*args, **kwargs)
+    monkeypatch.setattr(pipeline, "_tuned", tuned)
+    monkeypatch.setattr(pipeline, "verified_build", build)
+    model, inputs = Affine(0), (torch.randn(4, 8),)
+    compiled = eclat.compile(model, inputs, autotune="fast", cache_dir=tmp_path, quiet=True)
+    assert len(alive) == (1 if tuned_faster else 2) and not any(alive)
+    assert all((k.schedule.unroll == 3) == tuned_faster for k in compiled.executable.program.kernels)
+    torch.testing.assert_close(compiled(*inputs), model(*inputs))
+
+
 def test_the_program_cache_keeps_the_most_recently_used_within_its_size(tmp_path):
     import os
 

@@ -169,6 +169,27 @@ def test_a_large_weight_broadcast_from_the_left_is_not_timed():
     assert not large[0].transposed and any(s.transposed for s in large)
 
 
+def test_a_product_of_a_very_large_weight_is_timed_at_its_default_panel_width_only(monkeypatch):
+    """Each panel width a trial times packs the weight anew (GPT-2's output head: 154 MB a width, the
+    compile's peak): a product reading a weight of ONE_WIDTH_BYTES or more is timed at the default's
+    width and orientation only (its tiles' heights, chunks and thread counts still vary); a smaller
+    weight keeps every width."""
+    from eclat.backends.cpu import schedules
+
+    program = _program(nn.Linear(768, 1024, bias=False).eval(), (torch.randn(64, 768),))  # 3 MB
+    (kern,) = [k for k in program.kernels if contraction_of(k, program.buffers) is not None]
+
+    def space() -> list[Schedule]:
+        return schedule_space(kern, threads=2, lanes=16, registers=32, weights=program.weights,
+                              caches=(48 << 10, 2 << 20))
+    widths = {(s.tile[1], s.transposed) for s in space()}
+    assert len(widths) > 1
+    monkeypatch.setattr(schedules, "ONE_WIDTH_BYTES", 1 << 20)
+    narrowed = space()
+    assert {(s.tile[1], s.transposed) for s in narrowed} == {(narrowed[0].tile[1], narrowed[0].transposed)}
+    assert len({s.tile[0] for s in narrowed}) > 1 and {s.threads for s in narrowed} == {1, 2}
+
+
 def test_a_reduction_runs_in_chunks_where_its_panel_would_fill_l2():
     """A product whose K x NR panel is over a quarter of L2 runs its reduction in chunks of L1's
     size (a dilated convolution's 8640-deep product: 51 -> 106 GFLOP/s on an AVX-512 Xeon); a

@@ -49,7 +49,7 @@ from . import derived, program_cache
 from . import tune as tuning
 from .buckets import Bucket, SizeBuckets, inputs_at, representatives, sizes_of
 from .group import copies_windows, group
-from .kernel import Program, as_attention, at_sizes, bytes_moved, flops
+from .kernel import Program, as_attention, at_sizes, bytes_moved, flops, loads
 from .model import CompiledModel
 from .phases import phase, recording
 from .quantize import accuracy, check_mode, quantize
@@ -62,6 +62,11 @@ FAST_CANDIDATES = 4  # programs timed at most in "fast" mode, best roofline esti
 # seconds grouping may take before no more candidates are grouped (two at least; "full" groups all):
 # a long recurrence's candidates (an LSTM over 100 steps) take seconds each
 GROUPING_SECONDS = 30.0
+# Timing the tuned build against the untuned one in turns holds both. Where the tuned schedules read
+# at least this many bytes of weights in other ways (packed at other panel widths), the untuned build
+# is timed first and let go before the tuned one is built: GPT-2's prefill held its output head's
+# panels at two widths and half its blocks' twice, the compile's peak (1.76 GB, 3.5x its weights).
+HOLD_BOTH_BYTES = 64 << 20
 # one timing of a whole program: the least of up to SAMPLE_RUNS runs within SAMPLE_SECONDS, of
 # SAMPLE_LEAST at least (noise only adds time). One run of inception_v3 (85 ms) per timing, on a
 # shared 2-core VM, kept the untuned program where the tuned one ran 4% faster
@@ -183,8 +188,9 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
                                                  reference, bars)
             tuned = False
             if tdb is not None:
+                untuned, exe = [exe], None  # _tuned may let it go (its packed weights) before building
                 exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, at,
-                                    reference(stats.chosen), exe, bars)
+                                    reference(stats.chosen), untuned, bars)
                 tdb.put(key, {"candidate": stats.chosen, "fused": stats.fused, "tuned": tuned}, seconds * 1e6)
             return exe, program, stats, tuned
 
@@ -520,7 +526,7 @@ def _build_remembered(program: Program, target: Any, device: Any, mode: str, thr
     (tuning those absent), else with its own; None when it no longer builds or verifies (then the
     caller searches)."""
     if tuned:
-        exe, _ = _tuned(program, target, device, mode, threads, db, arrays, reference, None, bars)
+        exe, _ = _tuned(program, target, device, mode, threads, db, arrays, reference, [], bars)
         return None if exe is None else (exe, program)
     try:
         return verified_build(program, target, threads, arrays, reference), program
@@ -529,29 +535,53 @@ def _build_remembered(program: Program, target: Any, device: Any, mode: str, thr
 
 
 def _tuned(program: Program, target: Any, device: Any, mode: str, threads: int, db: Any,
-           arrays: list[np.ndarray], reference: list[np.ndarray] | None, untuned: Any,
+           arrays: list[np.ndarray], reference: list[np.ndarray] | None, untuned: list[Any],
            bars: bool | None) -> tuple[Any, bool]:
     """Tune the chosen program's schedules: (executable, whether it runs the tuned ones). The untuned
-    build is kept when tuning fails, or when it runs the whole program faster: kernels tuned one at
-    a time do not see what they cost each other (data moving between cores, caches they evict)."""
+    build (the one item of `untuned`, taken from it so that it can be let go; none: nothing built) is
+    kept when tuning fails, or when it runs the whole program faster: kernels tuned one at a time do
+    not see what they cost each other (data moving between cores, caches they evict)."""
     defaults = [k.schedule for k in program.kernels]
+    before = untuned.pop() if untuned else None
+    had_before, before_us = before is not None, None
     try:
         with phase("tuning"):
             tuning.tune(program, target, device, db, mode, threads, arrays, quiet=bars)
             # the trials' builds, in reference cycles, hold the copies they packed until collected:
             # GPT-2's tuned build stacked on 0.2 GB of them (a collection here: 0.4 s)
             gc.collect()
-        if untuned is not None and [k.schedule for k in program.kernels] == defaults:
-            return untuned, True  # the defaults won every kernel: nothing else to build
+        if before is not None and [k.schedule for k in program.kernels] == defaults:
+            return before, True  # the defaults won every kernel: nothing else to build
+        if before is not None and _rescheduled_weight_bytes(program, defaults) >= HOLD_BOTH_BYTES:
+            before_us = _median_us(before, arrays)
+            before = None  # its packed weights go before the tuned build packs them at other widths
+            gc.collect()
         tuned = verified_build(program, target, threads, arrays, reference)
-        keep_tuned = untuned is None or _faster_first(tuned, untuned, arrays)
+        keep_tuned = _faster_first(tuned, before, arrays) if before is not None else \
+            before_us is None or _median_us(tuned, arrays) < before_us
     except Exception:  # never a fast wrong answer: fall back to the verified default schedules
         keep_tuned = False
     if keep_tuned:
         return tuned, True
     for k, s in zip(program.kernels, defaults):  # the program describes what runs
         k.schedule = s
-    return untuned, False
+    if before is None and had_before:  # let go above: built again, once the tuned build is gone
+        tuned = None
+        gc.collect()
+        return verified_build(program, target, threads, arrays, reference), False
+    return before, False
+
+
+def _rescheduled_weight_bytes(program: Program, defaults: list[Any]) -> int:
+    """Bytes of the weights read by the kernels whose schedules are no longer `defaults` (a backend
+    packs a weight per schedule: its panels' width)."""
+    names = {x.buffer for k, d in zip(program.kernels, defaults) if k.schedule != d for x in loads(k.body)}
+    return sum(program.buffers[n].nbytes for n in names if program.buffers[n].role == "weight")
+
+
+def _median_us(exe: Any, arrays: list[np.ndarray]) -> float:
+    """A whole program's time: the median of tuning.ROUNDS samples."""
+    return float(np.median([_sample_us(exe, arrays) for _ in range(tuning.ROUNDS)]))
 
 
 def _faster_first(a: Any, b: Any, arrays: list[np.ndarray]) -> bool:

@@ -15,10 +15,10 @@ and linear layers', 49 to 3136 columns, 256 to 4608 deep).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 
-from ...compiler.kernel import Kernel, KExpr, Load, Schedule, as_contraction, transposed
+from ...compiler.kernel import Kernel, KExpr, Load, Schedule, as_contraction, loads, transposed
 from ...ir.symbolic import upper
 from . import host
 
@@ -63,6 +63,12 @@ L1_SHARE = 2 / 3
 # holds the weight packed (a language model's prefill: compiler.derived.held_before), the product reads
 # that copy at its width and is not timed at others, each of which would pack the weight again.
 HeldWidth = Callable[[Kernel, Iterable[int]], "int | None"]  # the first of the widths held packed
+# A product reading a weight of at least this many bytes is timed at its default's panel width and
+# orientation only: every other width a trial times packs the weight anew (GPT-2's output head: 154 MB,
+# seconds to pack, and the compile's peak memory while the untuned program holds its own copy), and
+# for such a weight, read from memory once per call, the widths ran within noise of each other (the
+# tuner chose 16, then 64, against the default's 32 in two compiles of the same model).
+ONE_WIDTH_BYTES = 64 << 20
 
 
 def fits(tile: tuple[int, int], lanes: int, registers: int) -> bool:
@@ -249,11 +255,20 @@ def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
         out += [replace(base, unroll=u) for u in (2, 8)]
     if threads > 1:
         out += [replace(s, threads=1) for s in list(out)]
+    if _largest_weight(kernel, weights) >= ONE_WIDTH_BYTES:
+        out = [s for s in out if (s.tile[1], s.transposed) == (base.tile[1], base.transposed)]
     seen: list[Schedule] = []
     for s in out:
         if s not in seen:
             seen.append(s)
     return seen
+
+
+def _largest_weight(kernel: Kernel, weights: Collection[str]) -> int:
+    """Bytes of the largest weight kernel reads, where weights maps names to buffers (else 0)."""
+    if not isinstance(weights, Mapping):
+        return 0
+    return max((weights[x.buffer].nbytes for x in loads(kernel.body) if x.buffer in weights), default=0)
 
 
 __all__ = ["chunked", "default_schedule", "filled", "fits", "gemm_tiles", "gemv_tiles", "schedule_space"]
