@@ -244,8 +244,9 @@ def main(argv: list[str] | None = None) -> None:
         rows, same = {}, []
         longest = token_prompts[max(prompts)]
         check = torch.tensor([longest[:32]])
-        want = model.generate(check, attention_mask=torch.ones_like(check), max_new_tokens=16,
-                              min_new_tokens=16, do_sample=False)[0, check.shape[1]:].tolist()
+        check_new = min(16, max_len - check.shape[1])  # greedy tokens compared, within the cache
+        want = model.generate(check, attention_mask=torch.ones_like(check), max_new_tokens=check_new,
+                              min_new_tokens=check_new, do_sample=False)[0, check.shape[1]:].tolist()
         for mode in args.weights.split(","):
             t = time.perf_counter()
             lm = eclat.compile_lm(model, max_len=max_len, chunk=chunk, autotune=args.autotune,
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             ag = lm.agreement or {"mean_kl": 0.0, "top1": 1.0}
             rows[f"eclat {mode}"] = (f"{compile_s:.0f}", firsts, rate, mode_roof,
                                      f"{ag['mean_kl']:.2g}, {ag['top1']:.2f}")
-            same.append(f"{mode} {lm.generate(longest[:32], 16) == want}")
+            same.append(f"{mode} {lm.generate(longest[:32], check_new) == want}")
             del lm
 
         with torch.inference_mode():
