@@ -68,12 +68,10 @@ def run(graph: Graph, inputs: Sequence[np.ndarray], env: Mapping[str, int] | Non
         if id(node) in slabbed:
             last_read.update({id(s): max(last_read[id(s)], last_read[id(node)]) for s in node.srcs})
     for k, node in enumerate(order):
-        if id(node) in values or id(node) in slabbed:
-            pass
-        elif node.srcs and id(node.srcs[0]) in slabbed:
-            values[id(node)] = _by_slabs(node, [values[id(s)] for s in node.srcs[0].srcs], graph, env)
-        else:
-            values[id(node)] = evaluate_node(node, [values[id(s)] for s in node.srcs], graph, env)
+        if id(node) not in values and id(node) not in slabbed:  # a slabbed value: made by its reader
+            values[id(node)] = _by_slabs(node, [values[id(s)] for s in node.srcs[0].srcs], graph, env) \
+                if node.srcs and id(node.srcs[0]) in slabbed else \
+                evaluate_node(node, [values[id(s)] for s in node.srcs], graph, env)
         for s in node.srcs:  # a model's intermediates (a weight's transposed copy, say) die when read last
             if last_read[id(s)] == k and id(s) not in kept:
                 values.pop(id(s), None)
