@@ -58,14 +58,14 @@ def _max_reduce(node: Node, x: np.ndarray) -> np.ndarray:
 def _float_op(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
     def run(node: Node, x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
-            return fn(x).astype(node.dtype.np)
+            return fn(x).astype(node.dtype.np, copy=False)  # fn's result is new
     return run
 
 
 def _arith(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
     def run(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):  # inf - inf, 0 * inf and integer wrap-around are meant
-            return fn(a, b).astype(node.dtype.np)
+            return fn(a, b).astype(node.dtype.np, copy=False)
     return run
 
 

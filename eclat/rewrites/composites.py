@@ -117,9 +117,9 @@ def rsqrt(x: Node) -> Node:
 
 
 g.register("matmul", "composite",
-           lambda node, a, b: np.matmul(a, b, dtype=accumulator(node.dtype)).astype(node.dtype.np),
+           lambda node, a, b: np.matmul(a, b, dtype=accumulator(node.dtype)).astype(node.dtype.np, copy=False),
            decompose=_decompose_matmul)
-g.register("fma", "composite", lambda node, a, b, c: (a * b + c).astype(node.dtype.np),
+g.register("fma", "composite", lambda node, a, b, c: (a * b + c).astype(node.dtype.np, copy=False),
            decompose=lambda n: g.binary("add", g.binary("mul", n.srcs[0], n.srcs[1]), n.srcs[2]))
 g.register("rsqrt", "composite",
            lambda node, x: np.reciprocal(np.sqrt(x, dtype=node.dtype.np), dtype=node.dtype.np),

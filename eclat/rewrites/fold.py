@@ -223,11 +223,11 @@ def _wide(n: Node, srcs: list[np.ndarray], graph: Graph) -> np.ndarray:
     node = n if exact else SimpleNamespace(op=n.op, srcs=n.srcs, arg=n.arg, shape=n.shape, dtype=_WIDE)
     with np.errstate(all="ignore"):  # inf and nan are values like any other
         out = np.asarray(evaluate_node(node, srcs, graph, {}))
-    return out.astype(np.float64) if n.dtype.is_float else out
+    return out.astype(np.float64, copy=False) if n.dtype.is_float else out
 
 
 def _rounded(n: Node, value: np.ndarray) -> np.ndarray:
-    value = np.array(value, dtype=n.dtype.np, order="C")  # ascontiguousarray would make a scalar 1-d
+    value = np.array(value, dtype=n.dtype.np, order="C", copy=None)  # ascontiguousarray: a scalar 1-d
     return round_bfloat16(value) if n.dtype is DType.bfloat16 else value
 
 
