@@ -37,11 +37,11 @@ def test_second_compile_reads_the_cache_instead_of_searching(tmp_path, monkeypat
         if row["measured_us"] > 0:
             assert row["roofline_share"] == pytest.approx(row["estimated_us"] / row["measured_us"], rel=1e-2)
     assert set(one["candidates"]) >= {"extracted", "pruned", "timed"}
-    assert one["candidates"]["timed"] <= pipeline.FAST_CANDIDATES
+    assert one["candidates"]["timed"] <= pipeline.RACED["fast"]
 
 
-def test_a_fast_search_groups_only_the_candidates_it_may_time(monkeypatch):
-    """Grouping a language model's candidate takes seconds: a "fast" search groups the e-graph's
+def test_a_short_search_groups_only_the_candidates_it_may_time(monkeypatch):
+    """Grouping a language model's candidate takes seconds: a "fast" or "none" search groups the e-graph's
     candidates cheapest first until it has twice the programs it times (a candidate with attention
     makes two: fused and not), and reports the rest as pruned."""
     grouped = []
@@ -50,9 +50,10 @@ def test_a_fast_search_groups_only_the_candidates_it_may_time(monkeypatch):
     model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
     compiled = eclat.compile(model, inputs, autotune="none", k=8, quiet=True)
     fast = compiled.report()["candidates"]
-    assert len(grouped) == 2 * pipeline.FAST_CANDIDATES < 2 * fast["extracted"]  # some were left
-    assert fast["timed"] <= pipeline.FAST_CANDIDATES
-    assert fast["pruned"] >= fast["extracted"] - pipeline.FAST_CANDIDATES  # the ungrouped among them
+    raced = pipeline.RACED["none"]
+    assert len(grouped) == 2 * raced < 2 * fast["extracted"]  # some were left
+    assert fast["timed"] <= raced
+    assert fast["pruned"] >= fast["extracted"] - raced  # the ungrouped among them
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
     grouped.clear()

@@ -2,7 +2,7 @@
 
 The e-graph's candidates are grouped into kernels and chosen by the search (autotune/search.py)
 in the order of their roofline estimate on the measured device model: "full" compiles, verifies
-and times every candidate; "fast" at most FAST_CANDIDATES of them, skipping any whose estimate
+and times every candidate; "fast" and "none" at most RACED[mode] of them, skipping any whose estimate
 cannot beat the best time so far (roofline pruning). The fastest verified one is kept, then its
 kernel schedules are tuned by the same search (tune.py), and the tuned program is kept only if it
 beats the untuned one, raced by the same search again. A candidate that fails to compile or to
@@ -58,7 +58,9 @@ from .specs import InputSpec, input_structure, leaves
 from .verify import reference_graph, to_numpy, verified_build, verify
 
 AUTOTUNE_MODES = ("none", "fast", "full")
-FAST_CANDIDATES = 4  # programs timed at most in "fast" mode, best roofline estimates first
+# programs timed at most, best roofline estimates first ("none", which tunes no schedule, races two:
+# resnet18's compile took 10.5 s, 4 of them building and timing its four candidates)
+RACED = {"fast": 4, "none": 2}
 # seconds grouping may take before no more candidates are grouped (two at least; "full" groups all):
 # a long recurrence's candidates (an LSTM over 100 steps) take seconds each
 GROUPING_SECONDS = 30.0
@@ -420,7 +422,7 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     """The fastest verified candidate, by the search: (seconds, executable, program, stats).
     reference(n): what candidate n is checked against."""
     errors: list[str] = []
-    enough = None if mode == "full" else 2 * FAST_CANDIDATES
+    enough = None if mode == "full" else 2 * RACED[mode]
     programs = _programs(candidates, device, threads, target, errors, shapes=[a.shape for a in arrays],
                          enough=enough)
     gc.collect()  # grouping leaves cycles by the thousand: GPT-2's builds stacked on 0.1 GB of them
@@ -441,7 +443,7 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
     cands = [Candidate({"candidate": n, "fused": fused,
                         "attention": any(as_attention(k) is not None for k in program.kernels)},
                        estimate, program) for estimate, n, fused, program in programs]
-    offered = cands if mode == "full" else _spread(cands, FAST_CANDIDATES)
+    offered = cands if mode == "full" else _spread(cands, RACED[mode])
     stats = CandidateStats(len(candidates), failed=errors)
     try:
         if not cands:
