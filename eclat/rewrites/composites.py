@@ -117,7 +117,8 @@ def rsqrt(x: Node) -> Node:
 
 
 g.register("matmul", "composite",
-           lambda node, a, b: np.matmul(a, b, dtype=accumulator(node.dtype)).astype(node.dtype.np, copy=False),
+           lambda node, a, b: np.matmul(a, b, dtype=accumulator(node.dtype)).astype(node.dtype.np,
+                                                                                       copy=False),
            decompose=_decompose_matmul)
 g.register("fma", "composite", lambda node, a, b, c: (a * b + c).astype(node.dtype.np, copy=False),
            decompose=lambda n: g.binary("add", g.binary("mul", n.srcs[0], n.srcs[1]), n.srcs[2]))
