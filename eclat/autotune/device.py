@@ -32,7 +32,7 @@ FMA_SECONDS = 0.05  # target duration of one FMA run after calibration
 STREAM_MIN_BYTES = 32 << 20  # per array; at least 4x the last-level cache is used when that is larger,
 # up to STREAM_MAX_BYTES: a server's shared L3 (480 MB) would make the three arrays 6 GB, the peak of a
 # first compile, and one thread's triad measured the same from 64 MB to 1.9 GB per array there (within
-# 4%); each MB first touched costs a VM about 5 ms, so 256 MB per array made a first compile 5 s longer
+# 4%); each MB a process first touches costs a VM about 8 ms: 256 MB per array made a first compile 6 s longer
 STREAM_MAX_BYTES = 64 << 20
 REPEATS = 3  # best of REPEATS for each benchmark: other processes only ever make a run slower
 
