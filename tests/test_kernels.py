@@ -14,7 +14,7 @@ from eclat.backends.cpu.contraction import contraction_of
 from eclat.backends.cpu.runtime import CpuExecutable
 from eclat.backends.cpu.schedules import default_schedule, schedule_space
 from eclat.compiler.group import group
-from eclat.compiler.kernel import Reduce, Schedule, as_contraction, flops, walk
+from eclat.compiler.kernel import Reduce, Schedule, as_contraction, flops, loads, walk
 from eclat.compiler.memplan import plan_memory
 from eclat.ir import graph as G
 from eclat.ir.dtypes import DType
@@ -705,6 +705,25 @@ def test_a_product_read_through_overlapping_windows_is_computed_once(kernel, str
                 if any(isinstance(r, Reduce) and r.op == "sum" for r in walk(k.body))]
     assert len(products) == 1 and as_contraction(products[0]) is not None
     assert math.prod(products[0].shape) <= n * length, products[0].shape
+
+
+def test_a_value_copied_for_two_readers_is_computed_once():
+    """relu(w @ h + b) read by a product through a reshape and by a padded copy (a squeeze
+    convolution's output, read by the fire module's 1x1 and 3x3 expansions), each reader asking for
+    it contiguous: one kernel computes it, and every reader reads that buffer."""
+    c, hw = 4, 6
+    h = G.input_("h", (8, hw * hw))
+    wv, bv = rand(c, 8), rand(c, 1)
+    y = G.binary("add", matmul(G.weight("w", wv, DType.float32), h),
+                 G.expand_to(G.weight("b", bv, DType.float32), (c, hw * hw)))
+    act = G.binary("max", y, G.expand_to(G.const(0.0, DType.float32), y.shape))
+    flat = G.contiguous(G.movement(act, lambda v: v.reshape((1, c, hw * hw))))
+    planes = G.contiguous(G.movement(act, lambda v: v.reshape((c, hw, hw))))
+    padded = G.contiguous(G.movement(planes, lambda v: v.pad([(0, 0), (1, 1), (1, 1)])))
+    graph = G.Graph([h], [G.unary("neg", flat), padded], {"w": wv, "b": bv})
+    program = check(graph, [rand(8, hw * hw)], rtol=1e-4, atol=1e-5)
+    biased = [k.name for k in program.kernels if any(x.buffer.endswith("_b") for x in loads(k.body))]
+    assert len(biased) == 1, biased
 
 
 def test_output_axes_read_as_one_flat_axis_are_merged():
