@@ -418,17 +418,16 @@ def _one_copy_per_value(graph: Graph) -> Graph:
         srcs = [new[id(s)] for s in n.srcs]
         out = n if all(a is b for a, b in zip(srcs, n.srcs)) else Node(n.op, srcs, n.arg, n.shape, n.dtype)
         if n.op == "contiguous" and id(n) not in outputs:
-            value = srcs[0]
+            value = srcs[0]  # what it copies, under the reshapes
             while value.op == "view" and value.arg.is_contiguous \
                     and sym_eq(prod(value.shape), prod(value.srcs[0].shape)):
                 value = value.srcs[0]
-            if value.kind != "leaf" and value is not srcs[0] or value.op == "contiguous":
+            if value.kind != "leaf":
                 copy = value if value.op == "contiguous" else copies.setdefault(
-                    id(value), Node("contiguous", (value,), None, value.shape, value.dtype))
-                out = movement(copy, lambda v, shape=n.shape: v.reshape(shape)) \
-                    if tuple(copy.shape) != tuple(n.shape) else copy
-            elif value.kind != "leaf":
-                out = copies.setdefault(id(value), out)
+                    id(value), out if value is srcs[0] else Node("contiguous", (value,), None, value.shape,
+                                                                 value.dtype))
+                out = copy if tuple(copy.shape) == tuple(n.shape) else \
+                    movement(copy, lambda v, shape=n.shape: v.reshape(shape))
         new[id(n)] = out
     return dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs])
 
