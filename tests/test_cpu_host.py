@@ -146,7 +146,20 @@ def test_a_weight_read_on_the_left_is_packed_on_the_right_where_that_pays():
     assert linear == Schedule(tile=(8, 32))
     assert _default_of(nn.Linear(1024, 512, bias=False), torch.randn(49, 1024)).tile == (7, 32)
     late = _default_of(nn.Conv2d(512, 512, 3, padding=1, bias=False), torch.randn(1, 512, 7, 7))
-    assert late == Schedule(tile=(7, 32), transposed=True, depth=256)  # a 590 kB panel: chunked
+    assert late == Schedule(tile=(7, 32), transposed=True, depth=96)  # the test below says why
+
+
+def test_a_transposed_product_runs_in_chunks_that_keep_all_its_rows_in_l1():
+    """Transposed, the row blocks reread the lines of the left operand (pixels, consecutive in
+    memory): where the panel's slice and all the rows' (32 floats + 49 pixels a step here) outgrow L1,
+    the reduction runs in chunks that hold both in 2/3 of it (48 kB: 96 steps), though the panel fits
+    L2; the plain orientation, or too many rows for a useful chunk, keeps the panel rule."""
+    torch.manual_seed(0)
+    few = _default_of(nn.Conv2d(320, 1280, 1, bias=False), torch.randn(1, 320, 7, 7))
+    assert few == Schedule(tile=(7, 32), transposed=True, depth=96)
+    shallow = _default_of(nn.Conv2d(64, 1280, 1, bias=False), torch.randn(1, 64, 7, 7))
+    assert shallow.transposed and shallow.depth == 0  # 64 steps fit L1 whole
+    assert _default_of(nn.Conv2d(320, 1280, 1, bias=False), torch.randn(1, 320, 28, 28)).depth == 0
 
 
 def test_a_large_weight_broadcast_from_the_left_is_not_timed():

@@ -58,6 +58,14 @@ WEIGHT_RIGHT_COLUMNS = 1024
 # (1024^3, 784x512x512, K 576 to 2304) level or up to 30% slower chunked (the sums kept between chunks).
 PANEL_L2_SHARE = 0.25
 L1_SHARE = 2 / 3
+# Transposed, the left operand's rows are the product's columns, consecutive in memory: each row
+# block reads a line of it per step that the next row blocks read again. Where the panel's and all
+# the rows' slices outgrow L1, the reduction runs in chunks that hold both, at least SHARED_MIN_DEPTH
+# deep (the sums kept between chunks cost the more, and a row block shares fewer of its lines, the
+# more rows there are). Measured on znver3 (32 KiB L1, AVX2; 1x1 convolutions over 7x7 pixels, one
+# process): 320 -> 1280 59 -> 80 GFLOP/s, 192 -> 1152 57 -> 81, 1152 -> 192 61 -> 84, 3x3 512 -> 512
+# (depth 4608) 58 -> 80 against the L2 rule's chunks; chunks of 64 to 96 steps best (here: 80).
+SHARED_MIN_DEPTH = 64
 # A matrix-vector product reads each element of its weight once whatever its panel width (GPT-2's
 # decode, AVX-512 Xeon: 33.1 tok/s at its prefill's widths, 33.4 at its own). Where another program
 # holds the weight packed (a language model's prefill: compiler.derived.held_before), the product reads
@@ -188,13 +196,21 @@ def chunked(kernel: Kernel, schedule: Schedule, caches: tuple[int, int] | None =
     """schedule with its contraction's reduction in chunks (`Schedule.depth`) that keep a panel's
     slice within L1_SHARE of the L1 data cache, where the whole panel would fill more than
     PANEL_L2_SHARE of the L2 (any_panel: more than one chunk) and several row blocks read each
-    slice; else in one piece. caches: the bytes of the L1 data and L2 caches (None: the host's)."""
+    slice; transposed, that hold the rows' slice of the left operand too (SHARED_MIN_DEPTH); else in
+    one piece. caches: the bytes of the L1 data and L2 caches (None: the host's)."""
     c = as_contraction(kernel)
     sizes = _sizes(kernel, schedule.transposed)
     if c is None or sizes is None or sizes[0] <= schedule.tile[0] or not isinstance(c.reduce.size, int):
         return replace(schedule, depth=0)
     l1, l2 = _caches(caches)
     panel = schedule.tile[1] * 4  # bytes of the panel per step of the reduction
+    if schedule.transposed and not any_panel:
+        # every row block reads lines of the left operand that the next one reads again (its rows
+        # are the product's columns, consecutive in memory): a chunk keeps all the rows' slice in L1
+        step = panel + 4 * sizes[0]
+        shared = int(L1_SHARE * l1) // step // 8 * 8
+        if c.reduce.size * step > L1_SHARE * l1 and c.reduce.size > shared >= SHARED_MIN_DEPTH:
+            return replace(schedule, depth=shared)
     depth = int(L1_SHARE * l1) // panel // 8 * 8
     deep = (any_panel or c.reduce.size * panel > PANEL_L2_SHARE * l2) and c.reduce.size > depth >= 8
     return replace(schedule, depth=depth if deep else 0)
