@@ -912,12 +912,22 @@ def test_rows_shorter_than_the_vectoriser_likes_run_as_masked_vectors(width):
     """exp2 over [6, 7, width] read through a slice of wider rows (a depthwise convolution's output
     without its padding columns): the rows neither merge into one flat axis nor fill a whole
     number of vectors, so each runs as vectors with the lanes past its end masked off
-    (`loop_hint`), and matches the interpreter, infinities and NaN included."""
+    (`loop_hint`), a row in one iteration of as many vectors as it needs (masks known when
+    compiling), and matches the interpreter, infinities and NaN included."""
     import llvmlite.ir as ir
 
     from eclat.backends.cpu import host
     from eclat.backends.cpu.codegen import emitter
+    from eclat.backends.cpu.emitter import loop_hint
     from eclat.backends.cpu.jit import kernel_codes
+
+    for lanes in (8, 16):
+        hint = ir.Module(name="h")
+        loop_hint(hint, 1, lanes, width)
+        text = "\n".join(str(m) for m in hint.metadata)
+        vector = min(lanes, 1 << (width - 1).bit_length())
+        assert f'"llvm.loop.vectorize.width", i32 {vector}' in text and "predicate.enable" in text
+        assert f'"llvm.loop.interleave.count", i32 {-(-width // vector)}' in text
 
     x = G.input_("x", (6, 7, width + 4))
     out = G.unary("exp2", G.movement(x, lambda v: v.slice(2, 0, width)))
