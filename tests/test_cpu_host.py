@@ -162,6 +162,20 @@ def test_a_transposed_product_runs_in_chunks_that_keep_all_its_rows_in_l1():
     assert _default_of(nn.Conv2d(320, 1280, 1, bias=False), torch.randn(1, 320, 28, 28)).depth == 0
 
 
+def test_a_block_is_as_high_as_leaves_no_rows_idle_while_its_accumulators_hide_the_fma_latency():
+    """A grouped convolution's 8 output channels a group (regnet's) run, with 8 lanes and 16
+    registers, as 2 blocks of 4 rows (2 vectors wide: 8 accumulators), not a block of 6 and one of 2
+    nor 2 of 5; 12 rows as 2 of 6; 49 rows as blocks of 5 (7 and 3 of them would leave more idle)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(104, 104, 3, padding=1, groups=13, bias=False).eval()
+    program = _program(conv, (torch.randn(1, 104, 28, 28),))
+    (kern,) = [k for k in program.kernels if contraction_of(k, program.buffers) is not None]
+    assert default_schedule(kern, lanes=8, registers=16, weights=program.weights).tile == (4, 16)
+    assert default_schedule(kern, lanes=16, registers=32, weights=program.weights).tile[0] in (4, 8)
+    from eclat.backends.cpu.schedules import _tile_for
+    assert _tile_for(12, 8, 16) == (6, 16) and _tile_for(49, 8, 16) == (5, 16)
+
+
 def test_a_large_weight_broadcast_from_the_left_is_not_timed():
     """A weight of a quarter of L2 or more read on the left, unpacked, stays in cache while a trial
     repeats the kernel and comes from memory in a model (resnet18's tuned 512-channel convolutions
