@@ -776,9 +776,9 @@ def test_windows_read_through_padding_run_unmasked_inside_the_rows(stride, threa
 def test_a_panel_crossing_the_end_of_an_output_row_reads_two_runs(width, stride):
     """A convolution's product reads its input's windows in place, column by column of the output:
     a panel of the default's columns (32 with AVX-512, 16 with AVX2) over rows of 25 (or 13)
-    crosses into the next row, where the windows jump on. Each vector of it is read as the two runs it is (two loads, or two pairs and their
-    shuffles at stride 2, blended on the lanes of the first), not gathered; a vector crossing two
-    rows (rows of 7 and 5) is gathered. Right against torch in every case."""
+    crosses into the next row, where the windows jump on. Each vector of it is read as the two runs
+    it is (two loads, or two pairs and their shuffles at stride 2, blended on the lanes of the
+    first), not gathered; a vector crossing two rows (rows of 7 and 5) is gathered. Right against torch in every case."""
     import torch
 
     from eclat.backends.cpu.schedules import gemm_tiles
