@@ -778,7 +778,8 @@ def test_a_panel_crossing_the_end_of_an_output_row_reads_two_runs(width, stride)
     a panel of the default's columns (32 with AVX-512, 16 with AVX2) over rows of 25 (or 13)
     crosses into the next row, where the windows jump on. Each vector of it is read as the two runs
     it is (two loads, or two pairs and their shuffles at stride 2, blended on the lanes of the
-    first), not gathered; a vector crossing two rows (rows of 7 and 5) is gathered. Right against torch in every case."""
+    first), not gathered; a vector crossing two rows (rows of 7 and 5) is gathered. Right against
+    torch in every case."""
     import torch
 
     from eclat.backends.cpu.schedules import gemm_tiles
