@@ -125,7 +125,7 @@ def _tile_for(rows: int, lanes: int, registers: int) -> tuple[int, int]:
     """The default tile for rows: matrix-vector below MATVEC_ROWS, else the default GEMM tile, its
     height lowered (while its accumulators still fill ACCUMULATOR_CHAINS) where that leaves clearly
     fewer rows idle in the last block (HEIGHT_GAIN): 49 rows run as 7 blocks of 7, not 7 of 8
-    (measured 1.10-1.16x); a grouped convolution's 8 channels a group as 2 blocks of 4, not 6 and 2
+    (measured 1.10-1.16x); a grouped convolution's 8 channels a group as 2 blocks of 4, not 5 and 3
     (AVX2: 1.58x)."""
     if rows < MATVEC_ROWS:  # matrix-vector: wide columns, each row its own accumulators
         return max(rows, 1), MATVEC_VECTORS * lanes
