@@ -1085,9 +1085,10 @@ def _max_pool(ctx: Ctx, x: Node, kernel, stride=(), padding=0, dilation=1, ceil_
         if x.op not in ("input", "weight", "contiguous"):  # computed once (a convolution's epilogue)
             x = g.contiguous(x)
         down = g.contiguous(_shifted_max(x, -2, k[0], s[0], p[0], d[0], sizes[2]))
-        return _shifted_max(down, -1, k[1], s[1], p[1], d[1], sizes[3]), Unavailable("max-pooling indices")
-    win = _windows(x, k, s, p, d, outs, -math.inf, ceil_mode)
-    out = P.reduce("max_reduce", win, list(range(-len(k), 0)))
+        out = _shifted_max(down, -1, k[1], s[1], p[1], d[1], sizes[3])
+    else:
+        win = _windows(x, k, s, p, d, outs, -math.inf, ceil_mode)
+        out = P.reduce("max_reduce", win, list(range(-len(k), 0)))
     return out, Unavailable("max-pooling indices")
 
 

@@ -802,8 +802,11 @@ def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None, 
     force = trip is not None and whole <= trip < VECTORIZER_MIN_TRIP and not masked
     if trip is not None:
         count = max(1, min(count, trip // lanes))
-    if masked:  # the whole row in one iteration (SHORT_ROW)
-        count = -(-trip // min(lanes, 1 << (trip - 1).bit_length()))
+    # masked: vectors of the next power of two (at most lanes), lanes past the row masked off, the
+    # whole row in one iteration (SHORT_ROW)
+    vector = min(lanes, 1 << (trip - 1).bit_length()) if masked else 0
+    if masked:
+        count = -(-trip // vector)
     narrow = _row_width(lanes, trip) if strided_row and trip is not None else 0
     if narrow:
         count = max(1, min(count, trip // narrow))
@@ -814,8 +817,7 @@ def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None, 
         if force or masked or narrow:
             opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.enable"),
                                           ir.Constant(I1, 1)]))
-        # masked: vectors of the next power of two (at most lanes), lanes past the row masked off
-        width = narrow or (min(lanes, 1 << (trip - 1).bit_length()) if masked else 0)
+        width = narrow or vector
         if width:
             opts.append(mod.add_metadata([ir.MetaDataString(mod, "llvm.loop.vectorize.width"),
                                           ir.Constant(I32, width)]))
