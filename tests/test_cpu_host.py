@@ -258,8 +258,12 @@ def test_a_product_reads_its_windows_in_place(conv, shape, transposed):
         assert product.shape[-1] > want.shape[-1], product.shape
     program.kernels = [replace(k, schedule=replace(default_schedule(k), transposed=transposed))
                        for k in program.kernels]
-    got = CpuExecutable(program).run([x.numpy()])[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    exe = CpuExecutable(program)
+    np.testing.assert_allclose(exe.run([x.numpy()])[0], want, rtol=1e-4, atol=1e-4)
+    # transposed, the windows are the broadcast operand: their offset at each step of the reduction
+    # (a division and two remainders of it) is read from a table
+    tabled = [text for text in exe.module.kernels.values() if '.steps" = internal constant' in text]
+    assert len(tabled) == transposed, list(exe.module.kernels.values())
 
 
 def test_avx512_tiles_use_its_32_registers():
