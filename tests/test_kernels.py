@@ -567,6 +567,32 @@ def test_threads_split_a_single_panel_contraction_over_its_batches():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", [1, 3, 8, 100, 1001])
+def test_thread_pool_cuts_a_call_into_slices_any_free_thread_takes(n):
+    """A call's [0, n) is cut into contiguous slices, several per thread (at most n), each run once:
+    a thread that stalls leaves its slices to the others instead of the caller waiting for it."""
+    import ctypes
+    import threading
+
+    from eclat.backends.cpu import threads
+
+    address = threads.pool_address()
+    if address is None:
+        pytest.skip(threads.pool_unavailable())
+    slices, lock = [], threading.Lock()
+    kernel_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+    def record(_args, lo, hi):
+        with lock:
+            slices.append((lo, hi))
+    callback = kernel_t(record)
+    pool = ctypes.CFUNCTYPE(None, kernel_t, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int)(address)
+    pool(callback, None, n, 2)
+    covered = sorted(s for s in slices if s[0] < s[1])
+    assert [lo for lo, _ in covered] == [0] + [hi for _, hi in covered[:-1]] and covered[-1][1] == n
+    assert len(covered) == min(n, 2 * 4)
+
+
 def test_thread_pool_sleeps_when_idle():
     """Workers watch for the next kernel only briefly (SPIN_NS), then sleep: an idle model
     costs no CPU time (a spinning pool steals the cores of a shared VM)."""
