@@ -399,6 +399,27 @@ def test_matmul_tile_edges(m, k, n, weight):
     assert n == 1 or any(as_contraction(kern) is not None for kern in program.kernels)
 
 
+@pytest.mark.parametrize("m", [25, 3, 1])
+def test_a_weight_on_the_left_is_read_packed_in_blocks_of_rows(m):
+    """A weight broadcast a row at a time (a convolution's, its pixels the columns) is packed into
+    [row blocks, K, MR] and read there alone: its own data is not held. Rows past the last block's
+    end, and a single row (a matrix-vector product, read in place), still give the right sums."""
+    from eclat.backends.cpu.codegen import PACKED
+
+    wa = rand(m, 40)
+    a = G.weight("wa", wa, DType.float32)
+    b = G.input_("b", (40, 50))
+    graph = G.Graph([b], [matmul(a, b)], {"wa": wa})
+    program = group(graph)
+    for kern in program.kernels:
+        kern.schedule = replace(default_schedule(kern), transposed=False)
+    exe = CpuExecutable(program)
+    x = rand(40, 50)
+    np.testing.assert_allclose(exe.run([x])[0], wa @ x, rtol=1e-4, atol=1e-4)
+    rows = [n for n in exe.program.buffers if n.startswith(f"{PACKED}w_wa_a")]
+    assert len(rows) == (m > 1) and ("w_wa" in exe.module.used) == (m == 1), (rows, exe.module.used)
+
+
 @pytest.mark.parametrize("m,k,n,depth", [(19, 70, 45, 16), (9, 64, 32, 8), (40, 33, 70, 24), (8, 50, 16, 48)])
 @pytest.mark.parametrize("weight", [True, False])
 @pytest.mark.parametrize("transposed", [False, True])
