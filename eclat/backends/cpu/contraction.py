@@ -234,6 +234,7 @@ class ContractionEmitter(KernelEmitter):
         super().__init__(mod, kernel, buffers, packed, lanes)
         self.contraction = contraction
         self.packed_batch = False  # whether the packed weight holds one set of panels per batch index
+        self.rows_batched = False  # likewise the packed left operand (_pack_rows)
         self.pack_name = self._pack()
         packs: list[str] = []
         if self.pack_name:
@@ -302,8 +303,10 @@ class ContractionEmitter(KernelEmitter):
         [row blocks, K, MR], so that each step's MR values are one contiguous read: one stream of
         the weight, where its rows read in place were MR streams a row's length apart. Returns the
         packed buffer's name; None where the left operand is not a float32 weight read over the rows
-        and the reduction alone, of sizes known here, in blocks of several rows. In a model (in turns,
-        one process, znver3): efficientnet_b0's 1x1 convolutions over 196 pixels 1.05-1.09x."""
+        and the reduction alone (and the batch: a weight per batch index, each batch's blocks in
+        turn), of sizes known here, in blocks of several rows. In a model (in turns, one process,
+        znver3): efficientnet_b0's 1x1 convolutions over 196 pixels 1.05-1.09x, resnet18's Winograd
+        products 1.03-1.09x."""
         c, k = self.contraction, self.k
         a, mr = c.a, self.tile()[0]
         if c.m_axis is None or mr < 2 or not (isinstance(a, Load) and a.valid == Num(1)):
@@ -311,17 +314,26 @@ class ContractionEmitter(KernelEmitter):
         source = self.buffers[a.buffer]
         m_var, k_var = f"i{c.m_axis}", c.reduce.var.name
         m, kk = k.shape[c.m_axis], c.reduce.size
+        # a weight per batch index (a Winograd product's 16 transformed filters): each batch's blocks
+        batch = [f"i{x}" for x in range(len(k.shape)) if x not in (c.m_axis, c.n_axis)]
+        sizes = [k.shape[x] for x in range(len(k.shape)) if x not in (c.m_axis, c.n_axis)]
         if source.role != "weight" or source.format is not None or a.dtype is not DType.float32 or \
-                free_vars(a) - {m_var, k_var} or not (isinstance(m, int) and isinstance(kk, int)):
+                not free_vars(a) - {m_var, k_var} <= set(batch) or \
+                not all(isinstance(x, int) for x in (m, kk, *sizes)):
             return None
+        batched = bool(free_vars(a) - {m_var, k_var})
         name = f"{PACKED}{a.buffer}_a{mr}_{hashlib.sha256(str(a.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
             if source.data is None:
                 raise EclatError(f"weight {a.buffer!r} is held only packed for its program's schedules; "
                                  f"build other schedules from the program as compiled, before it was built")
-            (data,) = packed_panels(np.asarray(source.data), a.index, m_var, k_var, m, kk, mr)
+            whole = np.asarray(source.data)
+            data = np.concatenate([packed_panels(whole, _at_batch(a.index, dict(zip(batch, at))), m_var,
+                                                 k_var, m, kk, mr)[0] for at in np.ndindex(*sizes)]) \
+                if batched else packed_panels(whole, a.index, m_var, k_var, m, kk, mr)[0]
             self.packed[name] = data
             self.buffers[name] = Buffer(name, data.size, DType.float32, "weight", data)
+        self.rows_batched = batched
         return name
 
     def _batch_index(self) -> ir.Value:
@@ -380,6 +392,10 @@ class ContractionEmitter(KernelEmitter):
             n0 = bb.mul(p, i64(nr))
             # the block's first value in the packed left operand (m0 is a multiple of mr: sizes known)
             rows_at = bb.mul(m0, i64(c.reduce.size)) if self.rows_name else None
+            if self.rows_batched:  # past the blocks of the batches before this one
+                tall = self.tile()[0]
+                blocks = -(-k.shape[c.m_axis] // tall) * tall * c.reduce.size
+                rows_at = bb.add(rows_at, bb.mul(self._batch_index(), i64(blocks)))
             # one row's accumulators each wait on the last fma into them: independent sets of them
             # interleaved over k keep ACCUMULATOR_CHAINS fmas in flight (hides the fma's latency)
             sets = 1
