@@ -420,6 +420,25 @@ def test_a_weight_on_the_left_is_read_packed_in_blocks_of_rows(m):
     assert len(rows) == (m > 1) and ("w_wa" in exe.module.used) == (m == 1), (rows, exe.module.used)
 
 
+def test_a_weight_per_batch_on_the_left_is_packed_batch_by_batch():
+    """A left weight with a batch axis (a Winograd product's transformed filters) is packed in row
+    blocks batch after batch, each batch reading its own: the sums match."""
+    from eclat.backends.cpu.codegen import PACKED
+    from tests.gpu_cases import matmul as batched_matmul
+
+    wa = rand(3, 13, 20)
+    b = G.input_("b", (3, 20, 24))
+    graph = G.Graph([b], [batched_matmul(G.weight("wa", wa, DType.float32), b)], {"wa": wa})
+    program = group(graph)
+    for kern in program.kernels:
+        kern.schedule = replace(default_schedule(kern), transposed=False)
+    exe = CpuExecutable(program)
+    x = rand(3, 20, 24)
+    np.testing.assert_allclose(exe.run([x])[0], wa @ x, rtol=1e-4, atol=1e-4)
+    packed = [n for n in exe.program.buffers if n.startswith(f"{PACKED}w_wa_a")]
+    assert packed and "w_wa" not in exe.module.used, (packed, exe.module.used)
+
+
 @pytest.mark.parametrize("m,k,n,depth", [(19, 70, 45, 16), (9, 64, 32, 8), (40, 33, 70, 24), (8, 50, 16, 48)])
 @pytest.mark.parametrize("weight", [True, False])
 @pytest.mark.parametrize("transposed", [False, True])
