@@ -162,6 +162,25 @@ def packed_panels(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int,
     return derived(data, ("panels", layout, n, kk, nr, fmt), pack)
 
 
+def batch_panels(data: np.ndarray, index: Expr, batch: dict[str, int], n_var: str, k_var: str, n: int,
+                 kk: int, nr: int) -> np.ndarray:
+    """packed_panels of data[index] at each index of the batch axes (name -> size) in turn, row-major,
+    as one float32 array (a Winograd product's 16 filters); made once while data is held."""
+    def each() -> list[np.ndarray]:
+        return [np.concatenate([packed_panels(data, _at_batch(index, dict(zip(batch, at))), n_var, k_var,
+                                              n, kk, nr)[0] for at in np.ndindex(*batch.values())])]
+    return derived(data, ("batched", str(index), n_var, k_var, n, kk, nr, tuple(batch.items())), each)[0]
+
+
+def _held_data(source: Buffer) -> np.ndarray:
+    """A weight's data to pack; an error where a built program no longer holds it (it keeps only
+    the forms its own schedules read)."""
+    if source.data is None:
+        raise EclatError(f"weight {source.name!r} is held only packed for its program's schedules; "
+                         f"build other schedules from the program as compiled, before it was built")
+    return np.asarray(source.data)
+
+
 def _panels_source(data: np.ndarray, index: Expr, n_var: str, k_var: str, n: int, kk: int
                    ) -> tuple[np.ndarray, tuple[int, int, int] | str]:
     """The array packed_panels reads data[index(n, k)] from and the layout its packed form is
@@ -264,27 +283,18 @@ class ContractionEmitter(KernelEmitter):
         source = self.buffers[b.buffer]
         # a weight per batch index (a Winograd product's 16 filters) packs each batch's panels in turn,
         # in float32 (the low-precision panels' scales are laid out per product)
-        batch = [f"i{a}" for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
-        sizes = [k.shape[a] for a in range(len(k.shape)) if a not in (c.m_axis, c.n_axis)]
+        batch = self._batch_sizes()
         varying = free_vars(b) - {n_var, k_var}
         if not varying <= set(batch) or varying and source.format is not None or \
-                not all(isinstance(x, int) for x in (n, kk, *sizes)):
+                not all(isinstance(x, int) for x in (n, kk, *batch.values())):
             return None
         self.packed_batch = bool(varying)
         nr = self.tile()[1]
         name = f"{PACKED}{b.buffer}_{nr}_{hashlib.sha256(str(b.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
-            if source.data is None:  # a built program holds only the forms its own schedules read
-                raise EclatError(f"weight {b.buffer!r} is held only packed for its program's schedules; "
-                                 f"build other schedules from the program as compiled, before it was built")
-            data = np.asarray(source.data)
-            if varying:  # each batch's panels in turn, made once while held (candidates share them)
-                def each() -> list[np.ndarray]:
-                    at_batch = [_at_batch(b.index, dict(zip(batch, at))) for at in np.ndindex(*sizes)]
-                    return [np.concatenate([packed_panels(data, i, n_var, k_var, n, kk, nr)[0]
-                                            for i in at_batch])]
-                packs = derived(data, ("batched", str(b.index), n_var, k_var, n, kk, nr, tuple(batch),
-                                       tuple(sizes)), each)
+            data = _held_data(source)
+            if varying:  # each batch's panels in turn
+                packs = [batch_panels(data, b.index, batch, n_var, k_var, n, kk, nr)]
             else:
                 packs = packed_panels(data, b.index, n_var, k_var, n, kk, nr, source.format)
             fmt = source.format if len(packs) > 1 or packs[0].dtype != np.float32 else None
@@ -314,35 +324,32 @@ class ContractionEmitter(KernelEmitter):
         source = self.buffers[a.buffer]
         m_var, k_var = f"i{c.m_axis}", c.reduce.var.name
         m, kk = k.shape[c.m_axis], c.reduce.size
-        # a weight per batch index (a Winograd product's 16 transformed filters): each batch's blocks
-        batch = [f"i{x}" for x in range(len(k.shape)) if x not in (c.m_axis, c.n_axis)]
-        sizes = [k.shape[x] for x in range(len(k.shape)) if x not in (c.m_axis, c.n_axis)]
+        batch = self._batch_sizes()  # a weight per batch index: each batch's blocks in turn
         if source.role != "weight" or source.format is not None or a.dtype is not DType.float32 or \
                 not free_vars(a) - {m_var, k_var} <= set(batch) or \
-                not all(isinstance(x, int) for x in (m, kk, *sizes)):
+                not all(isinstance(x, int) for x in (m, kk, *batch.values())):
             return None
         batched = bool(free_vars(a) - {m_var, k_var})
         name = f"{PACKED}{a.buffer}_a{mr}_{hashlib.sha256(str(a.index).encode()).hexdigest()[:12]}"
         if name not in self.packed:
-            if source.data is None:
-                raise EclatError(f"weight {a.buffer!r} is held only packed for its program's schedules; "
-                                 f"build other schedules from the program as compiled, before it was built")
-            whole = np.asarray(source.data)
-            data = np.concatenate([packed_panels(whole, _at_batch(a.index, dict(zip(batch, at))), m_var,
-                                                 k_var, m, kk, mr)[0] for at in np.ndindex(*sizes)]) \
-                if batched else packed_panels(whole, a.index, m_var, k_var, m, kk, mr)[0]
+            whole = _held_data(source)
+            data = batch_panels(whole, a.index, batch, m_var, k_var, m, kk, mr) if batched \
+                else packed_panels(whole, a.index, m_var, k_var, m, kk, mr)[0]
             self.packed[name] = data
             self.buffers[name] = Buffer(name, data.size, DType.float32, "weight", data)
         self.rows_batched = batched
         return name
 
+    def _batch_sizes(self) -> dict[str, sint]:
+        """The batch axes (the axes other than M and N): each one's variable name and size, in order."""
+        c, shape = self.contraction, self.k.shape
+        return {f"i{a}": shape[a] for a in range(len(shape)) if a not in (c.m_axis, c.n_axis)}
+
     def _batch_index(self) -> ir.Value:
         """The row-major number of the current batch index (the axes other than M and N)."""
-        c, shape, bb = self.contraction, self.k.shape, self.b
         out = i64(0)
-        for a in range(len(shape)):
-            if a not in (c.m_axis, c.n_axis):
-                out = bb.add(bb.mul(out, i64(shape[a])), self.var(f"i{a}"))
+        for name, size in self._batch_sizes().items():
+            out = self.b.add(self.b.mul(out, self.sym(size)), self.var(name))
         return out
 
     def tile(self) -> tuple[int, int]:
