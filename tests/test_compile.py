@@ -201,6 +201,38 @@ def test_a_grouped_convolution_is_one_register_blocked_product_per_group(groups,
     assert products and all(c.m_axis is not None for c in products), fast.executable.program.kernels
 
 
+def test_a_value_two_convolutions_read_is_computed_once_by_its_producer():
+    """A ReLU that a 1x1 convolution and a strided 1x1 convolution both read (a ResNet or RegNet
+    downsampling block after its stem) is computed once, in the epilogue of the product that
+    makes its input: each convolution's copy of its operand computed it again (regnet_y_400mf's
+    stem: two copies of 1.6 and 0.4 MB computing BatchNorm and ReLU, the product's raw sums
+    written besides)."""
+    from eclat.compiler.kernel import as_contraction
+
+    class Fork(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, 2, 1), torch.nn.BatchNorm2d(16),
+                                            torch.nn.ReLU())
+            self.a, self.b = torch.nn.Conv2d(16, 24, 1), torch.nn.Conv2d(16, 24, 1, 2)
+
+        def forward(self, x):
+            y = self.stem(x)
+            return self.a(y)[:, :, ::2, ::2] + self.b(y)
+
+    torch.manual_seed(0)
+    model = Fork().eval()
+    with torch.no_grad():
+        model.stem[1].running_mean.uniform_(-0.5, 0.5)
+        model.stem[1].running_var.uniform_(0.5, 2.0)
+    x = torch.randn(1, 3, 32, 32)
+    fast = eclat.compile(model, (x,), autotune="none", k=1, quiet=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-4)
+    relu = [k for k in fast.executable.program.kernels if "max" in k.ops]
+    assert len(relu) == 1 and as_contraction(relu[0]) is not None, fast.executable.program.kernels
+
+
 @pytest.mark.parametrize("batch,padded", [(1, False), (2, False), (1, True)])
 def test_a_groupnorms_statistics_run_once_per_group(batch, padded):
     """GroupNorm (8 groups of 4 channels) then ReLU matches torch, and the kernel that normalises

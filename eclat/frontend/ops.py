@@ -1024,10 +1024,12 @@ def _place_every(x: Node, axis: int, step: int) -> Node:
 
 def _padded_contiguous(x: Node, pads: Sequence[tuple[int, int]], fill: float) -> Node:
     """x with pads on its trailing axes filled with `fill`, as a fresh (non-view) node,
-    so that strided window views can be laid directly on it."""
+    so that strided window views can be laid directly on it. A computed x is a copy too: the
+    convolutions that read it share it, computed once in its producer's kernel (each reader's
+    copy of its windows computed it again: regnet's stem, its BatchNorm and ReLU twice)."""
     if any(b or a for b, a in pads):
         return g.contiguous(_padded(x, pads, fill))
-    return g.contiguous(x) if x.op == "view" else x
+    return x if x.op in ("input", "weight", "contiguous") else g.contiguous(x)
 
 
 def _padded(x: Node, pads: Sequence[tuple[int, int]], fill: float) -> Node:

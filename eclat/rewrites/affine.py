@@ -22,7 +22,8 @@ norm's weights or statistics:
 - `matmul-scale-k-copied-a/b`: the same for any scale (a squeeze-excitation's, computed) of an
   operand read from a copy of a view (a 1x1 convolution's im2col), where the other operand is the
   smaller: the weights are scaled (out x in values) where x * s was a pass over every pixel, and
-  the product reads the copy's source through one view (`vcomp`). Not folded: the search's cost
+  the product reads the copy's source through one view (`vcomp`); `-twice` where the scaled value
+  is a copy itself (the frontend's, of a value convolutions read). Not folded: the search's cost
   and timing choose (efficientnet_b0 and mobilenet_v3_large 1.04x).
 """
 
@@ -163,13 +164,17 @@ def fill_affine(enc) -> list[tuple[str, tuple[int, ...], int]]:
                  and terms[t[1]][0] == "View" and terms[t[2]][0] == "View" for side in (0, 1)]
     for operand, left, (ida, idb) in operands:
         copy = terms[terms[operand][1]]
-        if copy[0] != "Contiguous" or terms[copy[1]][0] != "View" or terms[terms[copy[1]][1]][0] != "Mul":
+        if copy[0] != "Contiguous" or terms[copy[1]][0] != "View":
+            continue
+        scaled = terms[copy[1]][1]
+        scaled = terms[scaled][1] if terms[scaled][0] == "Contiguous" else scaled  # a copy of it
+        if terms[scaled][0] != "Mul":
             continue
         vw, this, other = terms[copy[1]][2], attrs[ida if left else idb], attrs[idb if left else ida]
         direct = compose(attrs[vw], this)  # the operand read from the copy's source
         if math.prod(_ints(other.shape) or [0]) >= math.prod(_ints(this.shape) or [0]):
             continue  # the scale moves to the smaller operand only (7x7 pixels, 960 channels: stays)
-        for factor in terms[terms[copy[1]][1]][1:]:
+        for factor in terms[scaled][1:]:
             vl = terms[factor][2] if terms[factor][0] == "View" else None
             through = None if vl is None or direct is None else compose(attrs[vl], attrs[vw])
             got = None if through is None else k_scale(through, this, other, left)
@@ -196,7 +201,8 @@ def _scaled_product(rows: bool, bias: bool = False) -> Graph:
     return Graph([x, y, s, *[z] * bias], [g.binary("mul", p, g.movement(s, along))], {})
 
 
-def _affine_into_matmul(shift: bool, left: bool, bias: bool = False, copied: bool = False) -> Graph:
+def _affine_into_matmul(shift: bool, left: bool, bias: bool = False, copied: bool = False,
+                        twice: bool = False) -> Graph:
     """(x * l + m) @ y with l, m weights [4] along K (on the left), or y @ (x * l + m) with l, m
     [3] along K (on the right); the weights are graph weights, as a norm's affine part is. With
     bias: the product read transposed, plus an input."""
@@ -211,7 +217,7 @@ def _affine_into_matmul(shift: bool, left: bool, bias: bool = False, copied: boo
         along = lambda n: g.movement(n, lambda v: v.reshape((3, 1)).expand((3, 4)))
     a = g.binary("mul", x, along(g.unary("exp2", lw) if copied else lw))
     if copied:  # a computed scale, read through a copy of a view (a 1x1 convolution's im2col)
-        a = g.contiguous(g.view(a, View.contiguous(a.shape)))
+        a = g.contiguous(g.view(g.contiguous(a) if twice else a, View.contiguous(a.shape)))
     elif shift:
         a = g.binary("add", a, along(mw))
     a = g.view(a, View.contiguous(a.shape))  # the matmul reads its operands through views
@@ -227,6 +233,8 @@ def _affine_into_matmul(shift: bool, left: bool, bias: bool = False, copied: boo
 
 
 _PRODUCT = "(Sum (Mul (View x va) (View y vb)) r)"
+_SCALED = "(Mul x (View l vl))"
+_COPIED = (("", _SCALED, False), ("-twice", f"(Contiguous {_SCALED})", True))  # tag, scaled operand, example
 _MM = ("(= a2 (mm_a va vb r))", "(= b2 (mm_b va vb r))", "(= ow (mm_ow va vb r w))")
 
 RULES = RuleSet("affine", (
@@ -260,14 +268,18 @@ RULES = RuleSet("affine", (
     # any scale along K (a computed one: a squeeze-excitation's) of an operand the product reads
     # from a copy (a 1x1 convolution's im2col): the other operand (the weights, far fewer
     # elements) is scaled instead, and the product reads the copy's source
-    Rule("matmul-scale-k-copied-a",
-         "(Matmul (View (Contiguous (View (Mul x (View l vl)) vw)) va) (View y vb))",
-         "(Matmul (View x vx) (Mul (View y vb) (View l vk)))",
-         ("(= vk (kscale_copied_a vl vw va vb))", "(= vx (vcomp vw va))"),
-         example=lambda: _affine_into_matmul(False, True, copied=True)),
-    Rule("matmul-scale-k-copied-b",
-         "(Matmul (View y va) (View (Contiguous (View (Mul x (View l vl)) vw)) vb))",
-         "(Matmul (Mul (View y va) (View l vk)) (View x vx))",
-         ("(= vk (kscale_copied_b vl vw va vb))", "(= vx (vcomp vw vb))"),
-         example=lambda: _affine_into_matmul(False, False, copied=True)),
+    # (also where the scaled value is itself a copy: the frontend materialises a computed value that
+    # convolutions read, so that one copy serves them all)
+    *(Rule(f"matmul-scale-k-copied-a{tag}",
+           f"(Matmul (View (Contiguous (View {scaled} vw)) va) (View y vb))",
+           "(Matmul (View x vx) (Mul (View y vb) (View l vk)))",
+           ("(= vk (kscale_copied_a vl vw va vb))", "(= vx (vcomp vw va))"),
+           example=lambda twice=twice: _affine_into_matmul(False, True, copied=True, twice=twice))
+      for tag, scaled, twice in _COPIED),
+    *(Rule(f"matmul-scale-k-copied-b{tag}",
+           f"(Matmul (View y va) (View (Contiguous (View {scaled} vw)) vb))",
+           "(Matmul (Mul (View y va) (View l vk)) (View x vx))",
+           ("(= vk (kscale_copied_b vl vw va vb))", "(= vx (vcomp vw vb))"),
+           example=lambda twice=twice: _affine_into_matmul(False, False, copied=True, twice=twice))
+      for tag, scaled, twice in _COPIED),
 ), explosive=True)
