@@ -32,6 +32,8 @@ def test_second_compile_reads_the_cache_instead_of_searching(tmp_path, monkeypat
     with torch.no_grad():
         want = model(*inputs)
     torch.testing.assert_close(second(*inputs), want, rtol=1e-3, atol=1e-4)
+    # the kernels' times as the first compile measured them, not profiled again
+    assert [r["measured_us"] for r in two["kernels"]] == [r["measured_us"] for r in one["kernels"]]
     for row in two["kernels"]:  # per kernel: the roofline's estimate, the measurement, the share achieved
         assert row["flops"] >= 0 and row["bytes"] > 0 and row["estimated_us"] > 0 and row["measured_us"] >= 0
         if row["measured_us"] > 0:
