@@ -167,7 +167,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
     tdb, owned = _open_db(db, cache_dir) if device is not None and autotune != "none" else (None, False)
     try:
         with phase("reference"):
-            rounded = weights != "fp32"
+            # (rounded candidates are a list: reading their formats folds nothing more)
+            rounded = weights != "fp32" and any(c.formats for c in candidates)
             reference = _references(graph, candidates, arrays, rounded) if verify else lambda n: None
         hits, misses = (tdb.hits, tdb.misses) if tdb is not None else (0, 0)
 
@@ -199,7 +200,7 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
 
         exe, program, stats, tuned = choose(arrays, reference)
         buckets = _size_buckets(graph, candidates, arrays, exe, stats, choose, tdb, key_of, verify,
-                                weights != "fp32", backend, threads) \
+                                rounded, backend, threads) \
             if program.sizes and tdb is not None else []
         for line in stats.failed if not quiet else ():
             print(f"eclat: skipped {line}")
