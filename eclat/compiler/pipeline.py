@@ -379,9 +379,7 @@ class _Folded(Sequence):
         return len(self._raw)
 
     def __getitem__(self, n: int) -> Graph:
-        if isinstance(n, slice):
-            return [self[i] for i in range(len(self))[n]]
-        n = range(len(self))[n]
+        n = range(len(self))[n]  # IndexError past the end, which ends an iteration
         if n not in self._done:
             with phase("fold"):  # one array per folded value, whichever candidates hold it (shared)
                 self._done[n] = self._fold(self._raw[n], self._shared)
