@@ -26,9 +26,10 @@ For a target whose contractions read a windowed operand in place (`fused` has "w
 copies each panel of a product's right operand as it runs), an im2col's `contiguous` is not written:
 the product reads the padded input through the windows (an implicit GEMM).
 
-For a target that runs attention in one kernel (`fused`), a softmax that only a matmul reads along
-its own axis, over scores made by one contraction and elementwise ops (scale, mask, bias,
-soft-capping), becomes one `attend` kernel (kernel.attention_body) that never writes the scores.
+An `attend` the e-graph chose (a softmax contracted with values in one pass: rewrites/online.py)
+is one kernel (kernel.attention_body) that never writes the scores, for a target that runs it so
+(`fused` has "attention") where its scores are one contraction and elementwise ops (scale, mask,
+bias, soft-capping); otherwise its decomposition, separate kernels.
 
 These rules are applied until nothing changes. Weights become constant buffers.
 """
@@ -65,7 +66,7 @@ from ..ir.symbolic import (
     upper,
     variables,
 )
-from ..ir.view import View, contiguous_strides
+from ..ir.view import contiguous_strides, product_operands
 from .kernel import (
     OP_COST,
     Buffer,
@@ -100,8 +101,7 @@ _COMPUTE_KINDS = {"unary", "binary", "ternary", "reduce", "gather", "composite"}
 def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     """Lower a primitive graph (composites allowed) to kernels over flat buffers. fused: the
     composites the target runs as one kernel of their own ("attention")."""
-    if "attention" in fused:
-        graph = _fused_attention(graph)
+    graph = _attend_kernels(graph, "attention" in fused)
     keep = {op for op, d in OPS.items() if op in NATIVE_COMPOSITES | {"attend"} or d.alone}
     graph = _one_copy_per_value(decompose_composites(_products_before_masks(graph), keep=keep))
     nodes = graph.nodes()
@@ -228,92 +228,27 @@ def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int
     return seed
 
 
-def _fused_attention(graph: Graph) -> Graph:
-    """graph with every matmul(view(softmax(x)), v) whose softmax nothing else reads, whose view
-    reads the softmax's axis as the product's, and whose x is one contraction (or none) under
-    elementwise ops, gathers and plain views, as attend(x, v): one kernel, the scores never written. The
-    operands of x's contraction and v become buffers (`contiguous`) where they are computed. A
-    product may be a matmul or the sum of a product it decomposes into (decode's one-row ones)."""
-    composites = {op for op, d in OPS.items() if d.kind == "composite"} - {"attention"}
-    graph = decompose_composites(graph, keep=composites)
-    nodes = graph.nodes()
-    users: dict[int, int] = {}
-    for n in nodes:
-        for s in set(map(id, n.srcs)):
-            users[s] = users.get(s, 0) + 1
+def _attend_kernels(graph: Graph, fused: bool) -> Graph:
+    """graph with every `attend` as its kernel reads it (fused: the target runs attention as one
+    kernel) where its scores x are one contraction (or none) under elementwise ops, gathers and
+    plain views: the contraction's operands and v become buffers (`contiguous`) where they are
+    computed. Any other attend, and every attend where not fused, is its decomposition."""
     new: dict[int, Node] = {}
-    for n in nodes:
+    for n in graph.nodes():
         srcs = [new[id(s)] for s in n.srcs]
-        out = None
-        if n.op == "matmul":
-            out = _attend(tuple(n.srcs), tuple(srcs), users)
-        elif (product := _sum_as_matmul(n, srcs)) is not None:
-            out = _attend(product[2:], product[:2], users)
-        if out is None:
-            same = all(a is b for a, b in zip(srcs, n.srcs))
-            out = n if same else Node(n.op, srcs, n.arg, n.shape, n.dtype)
+        out = n if all(a is b for a, b in zip(srcs, n.srcs)) else Node(n.op, srcs, n.arg, n.shape, n.dtype)
+        if n.op == "attend":
+            found = _score_products(srcs[0]) if fused else None
+            if found is None:
+                out = OPS["attend"].decompose(out)
+            else:
+                products, stored = found
+                swap = {id(r): _buffered(r) for r in stored}
+                swap.update({id(p): _buffered_operands(p) for p in products})
+                x = _substituted(srcs[0], swap)
+                out = Node("attend", (x, _buffered(srcs[1])), n.arg, n.shape, n.dtype)
         new[id(n)] = out
     return dataclasses.replace(graph, outputs=[new[id(o)] for o in graph.outputs])
-
-
-def _sum_as_matmul(n: Node, srcs: list[Node]) -> tuple[Node, Node, Node, Node] | None:
-    """For a sum over the last axis of a product of two plain views, a matmul as it decomposes
-    (a [*B, M, K] expanded along N, b [*B, K, N] along M): (a, b, and the two views as they were
-    before rebuilding); None for any other node."""
-    if n.op != "sum" or srcs[0].op != "mul" or len(n.srcs[0].shape) < 3 or n.arg != len(n.srcs[0].shape) - 1:
-        return None
-    va, vb = srcs[0].srcs
-    if not all(x.op == "view" and x.arg.mask is None for x in (va, vb)):
-        return None
-    *batch, m, cols, k = dims(srcs[0].shape)
-    sa, sb = va.arg.strides, vb.arg.strides
-    if not ((cols == 1 or sa[-2] == 0) and (m == 1 or sb[-3] == 0)):
-        return None
-    nb = len(batch)
-    a = Node("view", (va.srcs[0],), View.make((*batch, m, k), (*sa[:nb], sa[-3], sa[-1]), va.arg.offset),
-             (*batch, m, k), va.dtype)
-    b = Node("view", (vb.srcs[0],), View.make((*batch, k, cols), (*sb[:nb], sb[-1], sb[-2]), vb.arg.offset),
-             (*batch, k, cols), vb.dtype)
-    return a, b, *n.srcs[0].srcs
-
-
-def _attend(olds: tuple[Node, ...], news: tuple[Node, ...], users: dict[int, int]) -> Node | None:
-    """attend(x, v) for the product of news (olds: the operands before rebuilding, which `users`
-    counts), or None where it is not one. The product written transposed, v^T p^T, is attend(x, v)
-    transposed."""
-    out = _attend_of(olds[0], news[0], news[1], users)
-    if out is not None:
-        return out
-    last = len(news[0].shape) - 1
-    swap = lambda x: movement(x, lambda w: w.permute((*range(last - 1), last, last - 1)))
-    out = _attend_of(olds[1], swap(news[1]), swap(news[0]), users)
-    return None if out is None else swap(out)
-
-
-def _attend_of(old: Node, lhs: Node, v: Node, users: dict[int, int]) -> Node | None:
-    """attend(x, v) for matmul(lhs, v), lhs a softmax or a view of one (old: the operand before
-    rebuilding, whose readers `users` counts)."""
-    sm = lhs.srcs[0] if lhs.op == "view" else lhs
-    if sm.op != "softmax" or users[id(old)] != 1 or old.op == "view" and users[id(old.srcs[0])] != 1:
-        return None
-    axis, safe = sm.arg
-    x = sm.srcs[0]
-    vp = lhs.arg if lhs.op == "view" else View.contiguous(tuple(lhs.shape))
-    idxs = axis_vars(dims(lhs.shape))
-    flat, valid = vp.index(idxs)
-    at = unravel(flat, list(dims(x.shape)))
-    j = idxs[-1].name
-    if to_expr(valid) != Num(1) or at[axis] != idxs[-1] or \
-            any(j in variables(e) for a, e in enumerate(at) if a != axis):
-        return None
-    found = _score_products(x)
-    if found is None:
-        return None
-    products, stored = found
-    swap = {id(p): _buffered_operands(p) for p in products} | {id(r): _buffered(r) for r in stored}
-    v = _buffered(v)  # as rewrites.composites.attend makes it (importing it would need egglog)
-    shape = (*lhs.shape[:-1], v.shape[-1])
-    return Node("attend", (_substituted(x, swap), v), (axis, vp, safe), shape, x.dtype)
 
 
 def _score_products(x: Node) -> tuple[list[Node], list[Node]] | None:
@@ -343,7 +278,12 @@ def _score_products(x: Node) -> tuple[list[Node], list[Node]] | None:
 
 
 def _is_product(n: Node) -> bool:
-    return n.op == "matmul" or _sum_as_matmul(n, list(n.srcs)) is not None
+    """A matmul, or the sum of a product it decomposes into (`product_operands`)."""
+    if n.op == "matmul":
+        return True
+    if n.op != "sum" or n.srcs[0].op != "mul" or any(s.op != "view" for s in n.srcs[0].srcs):
+        return False
+    return product_operands(*(s.arg for s in n.srcs[0].srcs), n.arg) is not None
 
 
 def _count(n: Node) -> bool:

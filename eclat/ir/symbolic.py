@@ -239,7 +239,7 @@ def mod(a: sint, b: sint) -> Expr:
     a, b = to_expr(a), to_expr(b)
     if isinstance(a, Num) and isinstance(b, Num):
         return Num(a.v % b.v)
-    if _is(b, 1):
+    if _is(b, 1) or _is(a, 0):
         return Num(0)
     if isinstance(b, Num) and b.v > 0:
         lo, hi = bounds(a)
@@ -258,7 +258,7 @@ def mod(a: sint, b: sint) -> Expr:
         split = _divided(a, b)
         if split is not None:
             _, rest, below = split
-            return rest if below else BinOp("%", rest, b)
+            return rest if below or _is(rest, 0) else BinOp("%", rest, b)
     return BinOp("%", a, b)
 
 

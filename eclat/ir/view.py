@@ -350,3 +350,19 @@ def compose(inner: View, outer: View) -> View | None:
     offset = (as_int(inner.offset) + sum(d * s for d, (_, s) in zip(digit, axes))
               - sum(lo * s for (lo, _), s in zip(box, new)))
     return View.make(oshape, new, offset, outer.mask)
+
+
+def product_operands(va: View, vb: View, k: int) -> tuple[View, View] | None:
+    """(a2, b2) with sum_k(view(a, va) * view(b, vb)) == matmul(view(a, a2), view(b, b2)), for a
+    product as the frontend writes one: [*B, M, N, K] with K last, va broadcast along N and vb along M
+    (either of one row or column, as decode's one query is). None for any other product."""
+    if va.mask is not None or vb.mask is not None or k != len(va.shape) - 1 or len(va.shape) < 3:
+        return None
+    *batch, m, n, depth = va.shape
+    sa, sb = va.strides, vb.strides
+    if not ((as_int(n) == 1 or as_int(sa[-2]) == 0) and (as_int(m) == 1 or as_int(sb[-3]) == 0)):
+        return None
+    nb = len(batch)
+    return (View.make((*batch, m, depth), (*sa[:nb], sa[-3], sa[-1]), va.offset),
+            View.make((*batch, depth, n), (*sb[:nb], sb[-1], sb[-2]), vb.offset))
+

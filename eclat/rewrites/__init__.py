@@ -6,7 +6,8 @@ Every candidate computes the same values as `graph` (same input nodes, same out_
 may add weights laid out at compile time, named "<weight>.laid<n>"); candidates[0] is the
 cheapest by `extract.dag_cost` (a fused value is paid once per kernel evaluating it).
 Candidates differ in algebraic form, recognised composites (`eclat.rewrites.composites`:
-matmul, fma, rsqrt, softmax, rmsnorm, layernorm, attention; one-hot products become the
+matmul, fma, rsqrt, softmax, rmsnorm, layernorm, attend: a softmax contracted with values in one
+pass, `eclat.rewrites.online`; one-hot products become the
 primitive gather), weight layout and where `contiguous` materialises a value (a kernel
 boundary) and which products sharing an input are merged into one (`eclat.rewrites.merge`); never
 only in the order of commutative operands. stats: enodes, eclasses, iterations, seconds,

@@ -109,8 +109,34 @@ def _cut_points(order: list[Node], pos: dict[int, int], last: dict[int, int], si
             starts[pos[id(n)]] += 1
             ends[last[id(n)]] += 1
     live = np.cumsum(starts) - np.cumsum(ends)  # values computed at or before p and read after it
+    straddled = _straddled(order, pos)
     return [p for p in range(len(order) - 1)
-            if live[p] == 1 and last[id(order[p])] > p and id(order[p]) not in side]
+            if live[p] == 1 and last[id(order[p])] > p and id(order[p]) not in side and p not in straddled]
+
+
+def _straddled(order: list[Node], pos: dict[int, int]) -> set[int]:
+    """Positions from where a product (a multiply a sum reduces) has one operand computed to where it
+    has the other: a cut there would part the product from its first operand's producer, which the rules that
+    rewrite a product with what made its operand need in one e-graph (a softmax contracted with
+    values computed after it, from inputs alone: one pass, online.py)."""
+    readers: dict[int, list[Node]] = {}
+    for n in order:
+        for s in n.srcs:
+            readers.setdefault(id(s), []).append(n)
+
+    def source(n: Node) -> Node:
+        while n.op == "view":
+            n = n.srcs[0]
+        return n
+
+    out = set()
+    for n in order:
+        if n.op != "mul" or not any(r.op == "sum" for r in readers.get(id(n), ())):
+            continue
+        at = sorted(pos[id(m)] for m in map(source, n.srcs) if id(m) in pos)
+        if len(at) == 2:
+            out.update(range(at[0], at[1]))
+    return out
 
 
 def segments(graph: Graph, order: list[Node], cuts: list[int]) -> list[Segment]:

@@ -14,11 +14,10 @@
   y = x - p (p the row's first element: `center`), broadcast back along axis; w and b have x's
   shape (a broadcast view of a [D] weight; a constant 1 / 0 when the norm has no affine part,
   which the decomposition leaves out).
-- attention(q, kt, v, mask, axis, scale, vs, vp, safe): matmul(view(softmax(view(matmul(q, kt), vs) *
-  scale + mask, axis, safe), vp), v) (arg = (axis, scale, vs, vp, safe)); q [*B, M, K], kt [*B, K, N],
-  v [*B', N', D], mask of vs's shape (a constant 0 when there is none, left out by the
-  decomposition). vs and vp are the views the frontend puts around the softmax (usually unit-axis
-  reshapes: a native kernel checks that vp(vs) is the identity and axis the last one).
+- attend(x, v, axis, vp, safe): matmul(view(softmax(x, axis, safe), vp), v), a softmax contracted
+  with values along its own axis, whatever computed x (arg = (axis, vp, safe)): the form the e-graph
+  derives (rewrites/online.py) for one pass over the keys with a running max and a rescaled sum,
+  which grouping runs as one kernel where the target has one (compiler/group.py).
 """
 
 from __future__ import annotations
@@ -223,33 +222,9 @@ def _layernorm_numpy(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray) ->
     return (c * np.reciprocal(np.sqrt(ms)) * w + b).astype(node.dtype.np)
 
 
-def attention(q: Node, kt: Node, v: Node, mask: Node, axis: int, scale: float, vs: View, vp: View,
-              safe: bool = False) -> Node:
-    p = g.view(softmax(g.binary("add", g.view(matmul(q, kt), vs), mask), axis), vp)  # checks shapes
-    return Node("attention", (q, kt, v, mask), (axis % len(vs.shape), float(scale), vs, vp, bool(safe)),
-                (*p.shape[:-1], v.shape[-1]), q.dtype)
-
-
-def _decompose_attention(node: Node) -> Node:
-    (q, kt, v, mask), (axis, scale, vs, vp, safe) = node.srcs, node.arg
-    s = g.binary("mul", g.view(matmul(q, kt), vs), g.expand_to(g.const(scale, q.dtype), vs.shape))
-    s = s if _constant(mask, 0.0) else g.binary("add", s, mask)
-    return matmul(g.view(softmax(s, axis, safe), vp), v)
-
-
-def _attention_numpy(node: Node, q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray
-                     ) -> np.ndarray:
-    axis, scale, vs, vp, safe = node.arg
-    env = bind_dims(SimpleNamespace(inputs=node.srcs), [q, kt, v, mask])
-    t = q.dtype.type
-    s = read_view(np.matmul(q, kt).reshape(-1), vs, env) * t(scale) + mask
-    p = _softmax_numpy(SimpleNamespace(arg=(axis, safe), dtype=node.dtype), s)
-    return np.matmul(read_view(p.reshape(-1), vp, env), v).astype(node.dtype.np)
-
-
 def attend(x: Node, v: Node, axis: int, vp: View, safe: bool) -> Node:
     """matmul(view(softmax(x, axis, safe), vp), v): a softmax contracted with values along its own
-    axis, whatever computed x (grouping makes it, for a target that runs it as one kernel)."""
+    axis, whatever computed x."""
     out = matmul(g.view(softmax(x, axis, safe), vp), v)  # checks shapes
     return Node("attend", (x, v), (axis % len(x.shape), vp, bool(safe)), out.shape, x.dtype)
 
@@ -267,7 +242,6 @@ def _attend_numpy(node: Node, x: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 g.register("attend", "composite", _attend_numpy, decompose=_decompose_attend)
-g.register("attention", "composite", _attention_numpy, decompose=_decompose_attention)
 g.register("softmax", "composite", _softmax_numpy,
            decompose=lambda n: _softmax_prims(n.srcs[0], *n.arg))
 g.register("rmsnorm", "composite", _rmsnorm_numpy, decompose=_decompose_rmsnorm)
@@ -275,9 +249,9 @@ g.register("layernorm", "composite", _layernorm_numpy, decompose=_decompose_laye
 
 # the non-operand constructor arguments of a composite, from its node.arg
 COMPOSITE_ARGS: dict[str, Callable[[object], tuple]] = {"softmax": tuple, "rmsnorm": tuple,
-                                                        "layernorm": tuple, "attention": tuple}
+                                                        "layernorm": tuple, "attend": tuple}
 BUILDERS = {"matmul": matmul, "fma": fma, "rsqrt": rsqrt, "softmax": softmax, "rmsnorm": rmsnorm,
-             "layernorm": layernorm, "attention": attention}
+             "layernorm": layernorm, "attend": attend}
 
 
 def build_composite(op: str, args: Sequence[Node]) -> Node:

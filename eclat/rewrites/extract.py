@@ -60,7 +60,7 @@ SYMBOLIC_HINT = 64  # size assumed for a symbolic dimension when estimating
 COPY = 1e12  # a runtime copy of a buffer that already exists
 # nodes computed once in a kernel of their own, whose result is a buffer; all others are fused
 # into (and recomputed by) every kernel that reads them
-BOUNDARY = {"Contiguous", "Sum", "MaxReduce", "Matmul", "Softmax", "RmsNorm", "LayerNorm", "Attention",
+BOUNDARY = {"Contiguous", "Sum", "MaxReduce", "Matmul", "Softmax", "RmsNorm", "LayerNorm", "Attend",
             *TRANSFORMS}
 COMMUTATIVE = {"Add", "Mul", "Max"}
 ELEMENTWISE = set(SAME_SHAPE) - set(FUSED_REDUCTIONS)
@@ -152,8 +152,8 @@ def _type_of(node: tuple, kids: list, attrs: list) -> tuple[tuple, DType]:
         return kids[1][0] + shape[1:], dtype
     if ctor == "Matmul":
         return shape[:-1] + kids[1][0][-1:], dtype
-    if ctor == "Attention":
-        return tuple(attrs[args[7]].shape[:-1]) + kids[2][0][-1:], dtype
+    if ctor == "Attend":
+        return tuple(attrs[args[3]].shape[:-1]) + kids[1][0][-1:], dtype
     if ctor in TRANSFORMS:
         return getattr(attrs[args[1]], TRANSFORMS[ctor][1]), dtype
     return shape, dtype
@@ -267,11 +267,10 @@ def node_cost(node: tuple, out: tuple, kids: list, attrs: list, roof: Roofline =
         depth = numel(kids[0][0][-1:])
         written = nbytes(out[0]) * (2 if nbytes(out[0]) > CACHE_BYTES else 1)
         return roof.time(2.0 * n * (depth + ACCUMULATOR_FLOPS), nbytes(kids[0][0], kids[1][0]) + written)
-    if ctor == "Attention":  # both products and the softmax in one kernel
-        scores = numel(kids[3][0])
-        flops = 2.0 * scores * (numel(kids[0][0][-1:]) + numel(kids[2][0][-1:]))
-        return roof.time(flops + OP_FLOPS * FUSED_REDUCTIONS["Softmax"] * scores,
-                         nbytes(*(k[0] for k in kids), out[0]))
+    if ctor == "Attend":  # the softmax and the product with v in one pass, the probabilities never stored
+        scores = numel(kids[0][0])
+        flops = 2.0 * scores * numel(kids[1][0][-1:])
+        return roof.time(flops + OP_FLOPS * FUSED_REDUCTIONS["Softmax"] * scores, nbytes(kids[1][0], out[0]))
     if ctor in TRANSFORMS:
         return roof.time(OP_FLOPS * TRANSFORMS[ctor][0] * n, nbytes(kids[0][0], out[0]))
     if ctor in FUSED_REDUCTIONS:  # one pass: its output stands for the input its readers would read
@@ -323,9 +322,10 @@ def costs(data: EGraphData, attrs: list, copy_leaves: bool = False, roof: Roofli
 
 
 def _product_operands(data: EGraphData) -> set[int]:
-    """Classes a Matmul or Attention reads, directly or through a view."""
-    direct = {k for node, kids in zip(data.nodes, data.children) if node[0] in ("Matmul", "Attention")
-              for k in kids}
+    """Classes a Matmul reads, or an Attend as its values, directly or through a view (an Attend's
+    scores are computed in its kernel)."""
+    direct = {k for node, kids in zip(data.nodes, data.children) if node[0] in ("Matmul", "Attend")
+              for k in (kids if node[0] == "Matmul" else kids[1:])}
     return direct | {kids[0] for node, c, kids in zip(data.nodes, data.node_class, data.children)
                      if node[0] == "View" and c in direct}
 

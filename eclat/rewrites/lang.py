@@ -37,7 +37,8 @@ CTORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "Matmul": ("matmul", ("T", "T")), "Fma": ("fma", ("T", "T", "T")), "Rsqrt": ("rsqrt", ("T",)),
     "Softmax": ("softmax", ("T", "int", "int")), "RmsNorm": ("rmsnorm", ("T", "int", "f64", "f64")),
     "LayerNorm": ("layernorm", ("T", "T", "T", "int", "f64", "f64")),
-    "Attention": ("attention", ("T", "T", "T", "T", "int", "f64", "attr", "attr", "int")),
+    # a softmax contracted with values along its own axis (x, v, axis, view of the softmax, safe)
+    "Attend": ("attend", ("T", "T", "int", "attr", "int")),
     "WinogradIn": ("winograd_in", ("T", "attr")), "WinogradOut": ("winograd_out", ("T", "attr")),
     # any other registered op, carried opaquely: attr = (op, arg, shape, dtype)
     "Op1": ("", ("attr", "T")), "Op2": ("", ("attr", "T", "T")), "Op3": ("", ("attr", "T", "T", "T")),
@@ -54,6 +55,7 @@ ORACLES = {"mm_a": 3, "mm_b": 3, "mm_o": 3, "laid": 2, "drop": 2, "keep": 2, "sp
            "known": 1,  # a leaf whose value is known when compiling (a weight, iota, a constant)
            "wconv": 3, "wgg": 3, "wfilter": 3, "wu": 3, "wout": 3,  # winograd.py
            "late_o": 6, "late_row": 6,  # recognition.py: a product normalised after it
+           "rows_whole": 3, "att_p": 3, "att_v": 3,  # online.py
            **{name: 8 for name in ("g_idx", "g_out", "g_cond", "g_ishape", "g_gshape", "g_idt", "g_n")}}
 
 

@@ -5,10 +5,11 @@ Which axes play batch / M / N / K is View arithmetic, so Python plans it (`plan_
 for every Sum(Mul(View, View)) of the graph, both operand orders, and the egglog rule
 reads the plan from the oracle tables mm_a / mm_b / mm_o.
 
-Then softmax, RMS and layer norm, and attention: softmax(q @ k^T * scale + mask) @ v as people
-write it, as torch's scaled_dot_product_attention decomposes (q and k^T scaled before the product,
-a safe softmax that gives 0 on a row of -inf), and with the normalisation after the product with v
-(whether the rows line up is View arithmetic again: `plan_late`, oracles late_o / late_row).
+Then softmax, RMS and layer norm; softmax as torch's scaled_dot_product_attention decomposes it (q
+and k^T scaled before the product, a safe softmax that gives 0 on a row of -inf), and a product
+normalised after it, (e @ v) / sum(e), as e's softmax contracted with v (whether the rows line up is
+View arithmetic again: `plan_late`, oracles late_o / late_row). What a softmax contracted with
+values becomes is online.py's.
 """
 
 from __future__ import annotations
@@ -119,25 +120,6 @@ def _affine_example(scale: bool) -> Callable[[], Graph]:
     return example
 
 
-def _attention_example(masked: bool, viewed: bool) -> Callable[[], Graph]:
-    def example() -> Graph:
-        """scores [2, 3, 5] of a batched product (written out as expand, multiply, sum), reshaped to
-        [1, 2, 3, 5] as the frontend's 4-D attention does, or not; softmax and the second product
-        as the composites the other rules make (the masked softmax safe: its flag passes through)."""
-        q, k, v = g.input_("q", (2, 3, 4)), g.input_("k", (2, 5, 4)), g.input_("v", (2, 5, 6))
-        mask = g.input_("mask", (3, 5))
-        kt = g.movement(k, lambda w: w.permute([0, 2, 1]))
-        s = g.decompose_composites(Graph([q, k], [matmul(q, kt)], {})).outputs[0]
-        if viewed:
-            s = g.movement(s, lambda w: w.reshape((1, 2, 3, 5)))
-        s = g.binary("mul", s, g.expand_to(g.const(0.5), s.shape))
-        if masked:
-            s = g.binary("add", s, g.expand_to(mask, s.shape))
-        p = g.view(softmax(s, -1, masked), View.contiguous(s.shape).reshape((2, 3, 5)))  # as matmul reads it
-        return Graph([q, k, v, mask] if masked else [q, k, v], [matmul(p, v)], {})
-    return example
-
-
 def _example() -> Graph:
     """x [2, 3, 4] @ transpose(W [2, 5, 4]) written as expand, multiply, sum."""
     x = g.input_("x", (2, 3, 4))
@@ -145,28 +127,6 @@ def _example() -> Graph:
     wt = g.movement(w, lambda v: v.permute([0, 2, 1]))
     return g.decompose_composites(Graph([x, w], [matmul(x, wt)], {}))
 
-
-def _attention_rules() -> list[Rule]:
-    """softmax(q @ kt * scale (+ mask)) @ v. The scores are a product still in its Sum form (its
-    class holds the Matmul): read directly, or through the frontend's reshape when the product's
-    own output view is contiguous. The softmax's safe flag f (SAFE_SOFTMAX) becomes the composite's."""
-    mm = ("(= a2 (mm_a va vb k))", "(= b2 (mm_b va vb k))", "(= o (mm_o va vb k))")
-    prod = "(Sum (Mul (View x va) (View y vb)) k)"
-    out = []
-    for viewed in (True, False):
-        scores, vs, when = ((f"(View {prod} vs)", "vs", (*mm, "(= 1 (contig o))")) if viewed
-                            else (prod, "o", mm))
-        for masked in (True, False):
-            body = f"(Add (Mul {scores} (Fill c d s)) m)" if masked else f"(Mul {scores} (Fill c d s))"
-            mask = "m" if masked else "(Fill 0.0 d s)"
-            out.append(Rule(f"attention{'' if masked else '-unmasked'}{'' if viewed else '-direct'}",
-                            f"(Matmul (View (Softmax {body} r f) vp) v)",
-                            f"(Attention (View x a2) (View y b2) v {mask} r c {vs} vp f)", when,
-                            example=_attention_example(masked, viewed)))
-    return out
-
-
-ATTENTION = _attention_rules()
 
 # Softmax however it is spelled: the row maximum subtracted through a keepdim view then a broadcast
 # (torch.softmax's decomposition, amax(keepdim=True)), through one broadcast view of the reduced row
@@ -444,6 +404,5 @@ RULES = RuleSet("recognition", (
     *PRODUCT_SCALES,
     SAFE_SOFTMAX,
     *LATE,
-    *ATTENTION,
     *ONEHOT,
 ))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from . import affine, algebra, contraction, fusion, layout, merge, onehot, recognition, winograd
+from . import affine, algebra, contraction, fusion, layout, merge, onehot, online, recognition, winograd
 from .lang import RuleSet
 
 # stages run in order, each to saturation or to the limits; targets join after the first
-STAGES: tuple[RuleSet, ...] = (algebra.RULES, recognition.RULES, layout.RULES)
+STAGES: tuple[RuleSet, ...] = (algebra.RULES, recognition.RULES, online.RULES, layout.RULES)
 EXPLOSIVE: tuple[RuleSet, ...] = (algebra.EXPLOSIVE, contraction.RULES, affine.RULES)
 FUSION: tuple[RuleSet, ...] = (fusion.RULES,)
 # multi-patterns, run once after recognition (as Tensat does: they grow the e-graph by pairs);
@@ -19,10 +19,10 @@ AFTER_MERGE: tuple[RuleSet, ...] = (affine.RULES,)
 # after the matmul plans (it adds its own) and before the fillers that cover every view (the
 # broadcasts filler reads fill_late's too); affine after the merges (it reads their plans); shapes
 # last: they cover the views and leaves the others create
-ORACLE_FILLERS = (recognition.fill_matmul, recognition.fill_late, winograd.fill_winograd, merge.fill_merge,
-                  contraction.fill_contraction, affine.fill_affine, recognition.fill_broadcasts,
-                  onehot.fill_gather, layout.fill_layout, algebra.fill_sums, fusion.fill_rereads,
-                  algebra.fill_shapes)
+ORACLE_FILLERS = (recognition.fill_matmul, recognition.fill_late, online.fill_online, winograd.fill_winograd,
+                  merge.fill_merge, contraction.fill_contraction, affine.fill_affine,
+                  recognition.fill_broadcasts, onehot.fill_gather, layout.fill_layout, algebra.fill_sums,
+                  fusion.fill_rereads, algebra.fill_shapes)
 
 
 def backend_rules(target: str) -> tuple[RuleSet, ...]:
