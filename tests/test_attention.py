@@ -40,16 +40,22 @@ def _masks(t: int, s: int) -> dict[str, torch.Tensor]:
 class Scores(torch.nn.Module):
     """softmax(f(q k^T)) v for the score variants the issue names, as people write them."""
 
-    def __init__(self, variant: str, t: int, s: int):
+    def __init__(self, variant: str, t: int, s: int, heads: int = H):
         super().__init__()
         self.variant = variant
         for name, m in _masks(t, s).items():
             self.register_buffer(name, m)
+        i, j = torch.arange(t)[:, None] + (s - t), torch.arange(s)[None, :]
+        slopes = torch.tensor([2.0 ** (-4 * (h + 1)) for h in range(heads)])
+        self.register_buffer("slopes", slopes[:, None, None])
+        self.register_buffer("distance", (i - j).abs().float())
 
     def forward(self, q, k, v):
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
         if self.variant == "softcap":
             s = torch.tanh(s / 30) * 30 + self.causal
+        elif self.variant == "bias":  # ALiBi's bias computed in the forward, as models do, then the mask
+            s = s + (self.causal - self.slopes * self.distance)
         elif self.variant != "plain":
             s = s + getattr(self, self.variant)
         return torch.softmax(s, -1) @ v
@@ -79,13 +85,13 @@ def _largest_temp(compiled: eclat.CompiledModel) -> int:
     return max((b.numel for b in compiled.executable.program.buffers.values() if b.role == "temp"), default=0)
 
 
-@pytest.mark.parametrize("variant", ["plain", "causal", "alibi", "window", "softcap"])
+@pytest.mark.parametrize("variant", ["plain", "causal", "alibi", "window", "softcap", "bias"])
 @pytest.mark.parametrize("t", [1, 5, 300])
 def test_score_variants_run_as_one_kernel(variant, t):
-    s = 300
+    s, heads = 300, 6 if variant == "bias" else H  # 6 heads of bias: too large to fold into one mask
     torch.manual_seed(t)
-    q, k, v = torch.randn(1, H, t, D), torch.randn(1, H, s, D), torch.randn(1, H, s, D)
-    compiled = _check(Scores(variant, t, s).eval(), (q, k, v))
+    q, k, v = torch.randn(1, heads, t, D), torch.randn(1, heads, s, D), torch.randn(1, heads, s, D)
+    compiled = _check(Scores(variant, t, s, heads).eval(), (q, k, v))
     (kern,) = _attention_kernels(compiled)
     program = compiled.executable.program
     assert program.kernels == [kern]  # the output, a reshape of its result, is written in place

@@ -74,6 +74,17 @@ def attention_parts(att: Attention | None, kernel: Kernel, lanes: int) -> tuple[
     return q, k
 
 
+def _addends(x: KExpr) -> list[KExpr]:
+    """The terms x sums, through nested adds and an fma's addend: a mask added to an ALiBi bias,
+    fma(scale, score, bias + mask) as the CPU's fma rule writes scaled scores plus the rest, is
+    an addend of x (x is -inf wherever it is, for finite terms beside it)."""
+    if isinstance(x, Op) and x.op == "add":
+        return [t for s in x.srcs for t in _addends(s)]
+    if isinstance(x, Op) and x.op == "fma":
+        return [Op("mul", x.srcs[:2], x.dtype), *_addends(x.srcs[2])]
+    return [x]
+
+
 class AttentionEmitter(KernelEmitter):
     """Emits an Attention kernel (see the module's docstring)."""
 
@@ -117,9 +128,7 @@ class AttentionEmitter(KernelEmitter):
         does in torch.) The table is a packed constant; None when there is no such mask, or it
         hides nothing and is nowhere 0 throughout a block; with it, the mask's load."""
         x, k = self.att.x, self.k
-        addends = x.srcs[2:] if isinstance(x, Op) and x.op == "fma" else \
-            x.srcs if isinstance(x, Op) and x.op == "add" else ()
-        masks = [a for a in addends if isinstance(a, Load) and a.valid == Num(1)
+        masks = [a for a in _addends(x) if isinstance(a, Load) and a.valid == Num(1)
                  and self.buffers[a.buffer].role == "weight" and self.buffers[a.buffer].data is not None]
         if not masks:
             return None, None
@@ -168,7 +177,7 @@ class AttentionEmitter(KernelEmitter):
             return score not in walk(e)
         candidates: list[KExpr] = []
         if isinstance(x, Op) and x.op in ("add", "fma"):
-            candidates = [a for a in (x.srcs[2:] if x.op == "fma" else x.srcs) if scoreless(a)]
+            candidates = [a for a in _addends(x) if scoreless(a)]
         elif isinstance(x, Op) and x.op == "where" and inf in x.srcs[1:] and scoreless(x.srcs[0]):
             zero = Const(0.0, DType.float32)
             candidates = [Op("where", (x.srcs[0], *((inf, zero) if x.srcs[1] == inf else (zero, inf))),
