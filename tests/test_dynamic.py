@@ -274,6 +274,14 @@ def test_a_stride_two_window_over_run_time_sizes_divides_exactly():
             assert _c_value(row, env) == at // wv % hv and _c_value(mod(flat, w), env) == at % wv
 
 
+def test_a_multiple_of_a_run_time_size_leaves_no_remainder():
+    """0 and multiples of a run-time size s leave 0 modulo s (the rows of an s-wide softmax read
+    whole: online.plan_online), where `0 % s` stayed an expression the plans could not prove 0."""
+    s, t = Var("s", 1, 300), Var("t", 1, 160)
+    assert mod(0, s) == Num(0) and mod(s * t, s) == Num(0) and mod(s * 16, s) == Num(0)
+    assert mod(s * 16 + 3, s) != Num(0)
+
+
 def test_the_search_runs_again_at_the_sizes_ends_and_a_call_runs_the_nearest(tmp_path, monkeypatch):
     """With a search, the compile searches again at the sizes' ends; a program that wins there is kept
     for them (here every one is made to win), chosen by each call's sizes, kept by the program cache
