@@ -365,4 +365,3 @@ def product_operands(va: View, vb: View, k: int) -> tuple[View, View] | None:
     nb = len(batch)
     return (View.make((*batch, m, depth), (*sa[:nb], sa[-3], sa[-1]), va.offset),
             View.make((*batch, depth, n), (*sb[:nb], sb[-1], sb[-2]), vb.offset))
-

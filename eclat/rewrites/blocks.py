@@ -85,9 +85,10 @@ def _cuts(graph: Graph, min_nodes: int) -> tuple[list[Node], list[int], list]:
             if id(s) in pos:
                 last[id(s)] = max(last[id(s)], p)
     longest = sorted((n for n in order if last[id(n)] > pos[id(n)]), key=lambda n: pos[id(n)] - last[id(n)])
+    straddled = _straddled(order, pos)
     best: tuple[int, list[int], list] = (-1, [], [])
     for j in range(min(MAX_SIDES, len(longest)) + 1):
-        cuts = _cut_points(order, pos, last, {id(n) for n in longest[:j]})
+        cuts = _cut_points(order, pos, last, {id(n) for n in longest[:j]}, straddled)
         reps = group(segments(graph, order, cuts))
         saved = sum((len(members) - 1) * size for _, members, size in _reused(reps, min_nodes))
         best = max(best, (saved, cuts, reps), key=lambda t: t[0])
@@ -100,8 +101,10 @@ def _reused(reps: list, min_nodes: int) -> list[tuple[Segment, list, int]]:
     return [r for r in sized if r[2] >= min_nodes]
 
 
-def _cut_points(order: list[Node], pos: dict[int, int], last: dict[int, int], side: set[int]) -> list[int]:
-    """The positions after which one value besides the side values is live, that value just computed."""
+def _cut_points(order: list[Node], pos: dict[int, int], last: dict[int, int], side: set[int],
+                straddled: set[int]) -> list[int]:
+    """The positions after which one value besides the side values is live, that value just computed,
+    except those a product straddles (`_straddled`)."""
     starts = np.zeros(len(order) + 1, np.int64)
     ends = np.zeros(len(order) + 1, np.int64)
     for n in order:
@@ -109,16 +112,15 @@ def _cut_points(order: list[Node], pos: dict[int, int], last: dict[int, int], si
             starts[pos[id(n)]] += 1
             ends[last[id(n)]] += 1
     live = np.cumsum(starts) - np.cumsum(ends)  # values computed at or before p and read after it
-    straddled = _straddled(order, pos)
     return [p for p in range(len(order) - 1)
             if live[p] == 1 and last[id(order[p])] > p and id(order[p]) not in side and p not in straddled]
 
 
 def _straddled(order: list[Node], pos: dict[int, int]) -> set[int]:
-    """Positions from where a product (a multiply a sum reduces) has one operand computed to where it
-    has the other: a cut there would part the product from its first operand's producer, which the rules that
-    rewrite a product with what made its operand need in one e-graph (a softmax contracted with
-    values computed after it, from inputs alone: one pass, online.py)."""
+    """Positions from where a product (a multiply a sum reduces) has one operand computed to where
+    it has the other. A cut there would part the product from its first operand's producer, which
+    the rules rewriting a product together with what made its operand need in one e-graph (a
+    softmax contracted with values computed after it from inputs alone: online.py)."""
     readers: dict[int, list[Node]] = {}
     for n in order:
         for s in n.srcs:

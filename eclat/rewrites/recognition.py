@@ -202,7 +202,7 @@ SOFTMAX = _softmax_rules()
 # --- scaled_dot_product_attention: its operand scales and its safe softmax -------------------------
 
 # torch's decomposition scales q and k^T each by sqrt(scale) before the product: (x a) @ (y b) is
-# (x @ y) * ab, the scores' form the attention rules read (read through the frontend's reshape or not)
+# (x @ y) * ab, one product of the scores scaled once (read through the frontend's reshape or not)
 _SCALED_PRODUCT = "(Sum (Mul (View (Mul x (Fill a d s1)) va) (View (Mul y (Fill b d s2)) vb)) k)"
 _PRODUCT = "(Sum (Mul (View x va) (View y vb)) k)"
 
