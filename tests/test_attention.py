@@ -468,3 +468,29 @@ def test_gpu_attention_stages_a_heads_keys_in_shared_memory(threads):
     source = next(k.source for k in exe.rendered.kernels if k.name == queries.name)
     assert ("float kv0[" in source) == (threads <= 64), source
     compare(exe.run(inputs), run(graph, inputs))
+
+
+class BucketBias(torch.nn.Module):
+    """Scores plus a bias looked up by a logarithmic bucket of the query-key distance, as T5 computes
+    its relative-position bias: from positions and a table alone, too large to fold."""
+
+    def __init__(self, t: int):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, H)
+        self.t = t
+
+    def forward(self, q, k, v):
+        i, j = torch.arange(self.t)[:, None], torch.arange(self.t)[None, :]
+        distance = (j - i).abs().float().clamp(min=1)
+        bucket = (torch.log(distance) / math.log(self.t) * 15).long().clamp(max=15)
+        bias = self.emb(bucket).permute(2, 0, 1)[None]
+        return torch.softmax(q @ k.transpose(-1, -2) / 4 + bias, -1) @ v
+
+
+def test_a_bias_with_a_logarithm_is_computed_once_before_the_attention():
+    """The bucketed bias is a buffer the attention kernel reads: computed per score inside it, its
+    logarithm and lookup made T5's attention at 512 tokens 13 ms against 2 ms."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, H, 300, D) for _ in range(3))
+    (kern,) = _attention_kernels(_check(BucketBias(300).eval(), (q, k, v)))
+    assert not {"log2", "gather"} & set(kern.ops), kern.ops
