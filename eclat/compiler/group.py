@@ -287,18 +287,17 @@ def _costly_term(n: Node) -> bool:
     1 ms with the bias read from a buffer), where a buffer of it is computed once."""
     if n.kind not in ("unary", "binary", "ternary") and n.op not in ("fma", "gather"):
         return False
-    if any(_is_product(m) for m in _cone(n)):
-        return False
-    stack, seen = [n], set()
-    while stack:  # down to buffers: a transcendental behind one is computed already
+    costly, stack, seen = False, [n], set()
+    while stack:  # down to buffers: what lies behind one is computed already
         m = stack.pop()
         if id(m) in seen or m.op == "contiguous":
             continue
         seen.add(id(m))
-        if m.op in TRANSCENDENTAL_OPS:
-            return True
+        if _is_product(m):
+            return False
+        costly |= m.op in TRANSCENDENTAL_OPS
         stack.extend(m.srcs)
-    return False
+    return costly
 
 
 def _is_product(n: Node) -> bool:
