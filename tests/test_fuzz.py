@@ -549,6 +549,10 @@ NAMED_CACHE_DAMAGES = [
                                                    "root": "", "op": "set", "value": "x", "path": [k]}})
                                                  for k in range(6)]]),
     ("devices: peaks as strings", [("devices", _edit("device.peak_gflops", "set", "x", path=[0]))]),
+    ("devices: JSON nested 100000 deep", [("devices", _edit("schema", "set", "__DEEP__"))]),
+    ("tuning.db: schedules nested 100000 deep", [("programs", {"kind": "garbage"}),
+                                                  ("tuning.db", {"kind": "db_edit", "edit": {
+                                                      "root": "", "op": "set", "value": "__DEEP__"}})]),
 ]
 
 

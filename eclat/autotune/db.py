@@ -275,7 +275,7 @@ def _entry(key: TuningKey, row: tuple) -> Entry | None:
     schedule, measured_us, meta, updated = row
     try:
         schedule, meta = json.loads(schedule), json.loads(meta)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return None
     if not (isinstance(schedule, dict) and isinstance(meta, dict) and isinstance(measured_us, (int, float))):
         return None

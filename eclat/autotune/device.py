@@ -159,7 +159,7 @@ def _read_cached(path: Path) -> Device | None:
         if not (dev.peak_gflops.get("float32", 0) > 0 and dev.peak_gbps > 0 and dev.launch_overhead_us >= 0):
             raise ValueError("non-positive peaks")
         return dev
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # too deep a JSON
         warnings.warn(f"ignoring unreadable device cache {path} ({e}); measuring again", stacklevel=3)
         return None
 

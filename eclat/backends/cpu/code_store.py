@@ -65,7 +65,7 @@ def read(kind: str, key: str, parts: int) -> tuple[Any, list[bytes]] | None:
             return None
         os.utime(path)  # used now: the last to be trimmed
         return entry["header"], blobs
-    except (OSError, ValueError, KeyError, TypeError, zlib.error):  # none yet, or damaged
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, zlib.error):  # none yet, or damaged
         return None
 
 
