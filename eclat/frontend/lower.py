@@ -146,7 +146,7 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
           dynamic_shapes: Any = None) -> Graph:
     """Lower model's forward pass on example_inputs (or a program torch.export made) to a primitive
     Graph. Buffers the forward updates in place become the graph's states (ir.graph.State)."""
-    from .ops import LOWERINGS, LOWERINGS_BY_NAME, convert_output
+    from .ops import LOWERINGS, LOWERINGS_BY_NAME, NO_BOOL_INPUTS, convert_output
 
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs must be a tuple, got {type(example_inputs).__name__}")
@@ -183,6 +183,10 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
                 for a in torch.utils._pytree.tree_leaves((args, kwargs)):
                     if isinstance(a, Unavailable) and node.target is not operator.getitem:
                         raise NotImplementedError(f"uses {a.what}, which eclat does not compute")
+                    if isinstance(a, Node) and a.dtype is DType.bool and \
+                            getattr(node.target, "overloadpacket", None) in NO_BOOL_INPUTS:
+                        raise NotImplementedError("torch runs it on no bool tensor (it has no bool kernel); "
+                                                  "cast the input to a number type first")
                 ctx.arg_vals = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else None
                                      for a in node.args)
                 first = val[0] if isinstance(val, (tuple, list)) and val else val

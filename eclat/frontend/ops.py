@@ -2068,6 +2068,12 @@ def _grouped_mm(ctx: Ctx, x: Node, weight: Node, ends: Node) -> Node:
     return P.where(g.expand_to(P.reshape(inside, (rows, 1)), (rows, width)), out, P.lift(0, x.dtype))
 
 
+# ops torch.export traces on a bool tensor but torch runs on none (no bool kernel: "Boolean inputs
+# not supported for relu"), so a compile must refuse them too, not answer where torch raises
+NO_BOOL_INPUTS = frozenset({aten.relu, aten.abs, aten.floor, aten.ceil, aten.round, aten.trunc, aten.argmax,
+                            aten.gelu, aten.silu, aten.mish, aten.hardswish, aten.hardsigmoid, aten.celu,
+                            aten.elu, aten.softplus})
+
 # ops of other libraries' torch.library namespaces, by name: their OpOverloads exist only once the
 # library is imported
 LOWERINGS_BY_NAME: dict[str, Callable[..., Any]] = {
