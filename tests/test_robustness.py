@@ -271,21 +271,14 @@ def test_a_product_of_two_dtypes_is_refused_as_torch_refuses_it():
         eclat.compile(model, (x,), autotune="none", quiet=True)
 
 
-class _Unary(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 @pytest.mark.parametrize("fn", [torch.relu, torch.abs, torch.floor, torch.nn.functional.gelu],
                          ids=["relu", "abs", "floor", "gelu"])
 def test_an_op_torch_runs_on_no_bool_tensor_is_refused_as_torch_refuses_it(fn):
     """torch.export traces these on a bool tensor, but torch has no bool kernel for them (found by the
     long fuzzer: relu of a bool answered where torch raises)."""
-    x, model = torch.tensor([[True, False, True]]), _Unary(fn)
+    from tests.test_rewrites_termination import Fn
+
+    x, model = torch.tensor([[True, False, True]]), Fn(fn)
     with pytest.raises(RuntimeError):
         model(x)
     with pytest.raises(eclat.UnsupportedOpError, match=r"aten\.\w+\.default .*no bool tensor"):
