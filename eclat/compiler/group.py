@@ -95,7 +95,8 @@ from .kernel import (
 DEEP_RECURSION = 20000  # Python frames grouping may nest (3.11 keeps them off the C stack)
 SHARE_COST = 12  # recompute a shared elementwise value below this many operations
 NATIVE_COMPOSITES = {"fma"}  # composite ops the kernel IR has natively
-TRANSCENDENTAL_OPS = {"exp2", "log2", "sin", "sqrt", "recip", "rsqrt", "div"}
+# the kernel IR's costly operations (OP_COST), and rsqrt, a composite until it is decomposed
+TRANSCENDENTAL_OPS = {op for op, cost in OP_COST.items() if cost > OP_COST["fma"]} | {"rsqrt"}
 _COMPUTE_KINDS = {"unary", "binary", "ternary", "reduce", "gather", "composite"}
 
 

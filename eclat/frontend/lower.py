@@ -180,13 +180,14 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
             if fn is None:
                 raise UnsupportedOpError(_op_name(node.target), source_line(node))
             try:
-                for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+                leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+                for a in leaves:
                     if isinstance(a, Unavailable) and node.target is not operator.getitem:
                         raise NotImplementedError(f"uses {a.what}, which eclat does not compute")
-                    if isinstance(a, Node) and a.dtype is DType.bool and \
-                            getattr(node.target, "overloadpacket", None) in NO_BOOL_INPUTS:
-                        raise NotImplementedError("torch runs it on no bool tensor (it has no bool kernel); "
-                                                  "cast the input to a number type first")
+                if getattr(node.target, "overloadpacket", None) in NO_BOOL_INPUTS and \
+                        any(isinstance(a, Node) and a.dtype is DType.bool for a in leaves):
+                    raise NotImplementedError("torch runs it on no bool tensor (it has no bool kernel); "
+                                              "cast the input to a number type first")
                 ctx.arg_vals = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else None
                                      for a in node.args)
                 first = val[0] if isinstance(val, (tuple, list)) and val else val
