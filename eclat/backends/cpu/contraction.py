@@ -37,7 +37,7 @@ from ...ir.dtypes import DType, from_numpy
 from ...ir.symbolic import Expr, Num, Var, evaluate, map_vars, prod, sint, terms, to_expr, upper, var_list
 from ...ir.view import contiguous_strides
 from . import host
-from .emitter import KernelEmitter
+from .emitter import KernelEmitter, steps_by_one
 from .scalar import F32, I8, I16, I32, I64, PTR, float_array, i64, intrinsic, splat, store_through, vector_ptr
 from .schedules import ACCUMULATOR_CHAINS
 
@@ -53,15 +53,6 @@ CACHE_LINE = 64  # bytes a prefetch brings in
 COLUMN_OPS = {"add": "fadd", "sub": "fsub", "mul": "fmul"}  # float ops a right operand runs as vectors
 
 
-def _steps_by_one(index: Expr, n_var: str) -> bool:
-    """Whether index steps by exactly one per column: n_var appears only as a term of its own."""
-    parts = terms(index)
-    own = [c for c, a in parts if isinstance(a, Var) and a.name == n_var]
-    nested = any(a is not None and not (isinstance(a, Var) and a.name == n_var) and
-                 n_var in {v.name for v in var_list(a)} for _c, a in parts)
-    return own == [1] and not nested
-
-
 def columnwise(e: KExpr, n_var: str) -> bool:
     """Whether e's NR values along the columns are vector arithmetic (`_columns`): contiguous
     reads, values the columns do not change, float add, sub and mul, and selects between
@@ -70,10 +61,10 @@ def columnwise(e: KExpr, n_var: str) -> bool:
     if n_var not in free_vars(e):
         return True
     if isinstance(e, Load):
-        return e.valid == Num(1) and e.dtype is DType.float32 and _steps_by_one(e.index, n_var)
+        return e.valid == Num(1) and e.dtype is DType.float32 and steps_by_one(e.index, n_var)
     if isinstance(e, Gather):
         return e.dtype is DType.float32 and n_var not in free_vars(e.idx) and \
-            _steps_by_one(e.inner, n_var)
+            steps_by_one(e.inner, n_var)
     if not isinstance(e, Op) or e.dtype is not DType.float32:
         return False
     if e.op == "where":

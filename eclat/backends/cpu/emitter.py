@@ -57,6 +57,7 @@ from ...ir.symbolic import (
     rename,
     terms,
     upper,
+    var_list,
     variables,
 )
 from ..scope import Scope
@@ -74,6 +75,7 @@ from .scalar import (
     cast,
     cast_int,
     constant,
+    float_array,
     i64,
     identity,
     intrinsic,
@@ -100,6 +102,12 @@ UNROLL_REDUCE = 4  # reductions this short are emitted unrolled
 # and longer ones whose unrolled code stays this small (a depthwise convolution's 7x7 taps): the
 # loop around them then vectorises; larger straight-line bodies cost LLVM seconds to optimise
 UNROLL_OPS = 160
+# a reduction along the innermost axis too long to unroll (a 9x9 depthwise convolution's taps, a
+# 13x13 max pool) runs in passes over a row of this many accumulators, each pass unrolling a chunk
+# of its terms, so that the loop along the row still vectorises: one 96-channel 9x9 depthwise
+# convolution at 28x28 on znver4, 9.8 ms as a loop over taps per element -> 0.26 ms
+PASS_ROW = 1024
+ROW_OPS = 2 * UNROLL_OPS  # most unrolled ops of a row's reductions together before they run in passes
 COMBINE = {"sum": "add", "max_reduce": "max"}  # the binary op that folds each reduction
 LOOP_HINT = "eclat.loop.hint"  # Jitted turns this into a distinct self-referencing loop id
 
@@ -274,6 +282,8 @@ class KernelEmitter:
                     self._split_row(vars_, piece, *inside)
                 elif dd + 2 == len(shape) and k.sides:
                     self._row_with_sides(vars_, cands)
+                elif dd + 2 == len(shape) and (long := self._long_reduces(piece)):
+                    self._row_in_passes(vars_, piece, long)
                 elif dd + 2 < len(shape) and not k.sides and len(self._pieces(piece, dd + 1)) > 1:
                     self._axis(piece, dd + 1, i64(0), self.sym(shape[dd + 1]))
                 elif dd + 1 < len(shape):
@@ -349,6 +359,86 @@ class KernelEmitter:
         row = ravel(vars_[:-1], k.shape[:-1])
         for sd, value in zip(k.sides, sums):
             self.store(sd.out, row, value, DType.float32)
+
+    def _long_reduces(self, body: KExpr) -> list[tuple[Reduce, int]]:
+        """The reductions of body that change along the innermost axis, each with how many of its
+        terms a pass unrolls, where one of them is too long to unroll or together they are (a
+        strided 11x11 depthwise convolution's four phases: 121 taps, 4.6 GFLOP/s as one body,
+        which LLVM left mostly scalar), every one is a float sum or max of a body that unrolls
+        and reads along the row contiguously or not at all, and the row is a vector or longer
+        and of a size known now; [] otherwise."""
+        last = f"i{len(self.k.shape) - 1}"
+        if not isinstance(self.k.shape[-1], int) or self.k.shape[-1] < self.lanes:
+            return []  # a row shorter than a vector gains nothing from running along it
+        along = [r for r in reduces(body) if last in free_vars(r, self.fv_memo)]
+        outer = [r for r in along if not any(o is not r and r in reduces(o.body) for o in along)]
+        if all(_unrolls(r) for r in outer) and sum(_tree_ops(r, ROW_OPS) for r in outer) <= ROW_OPS:
+            return []
+        long = []
+        for r in outer:
+            per = _tree_ops(r.body, UNROLL_OPS)
+            reads = [x for x in walk(r.body) if isinstance(x, (Load, Gather)) and last in free_vars(x)]
+            if r.op not in COMBINE or r.dtype is not DType.float32 or not isinstance(r.size, int) or \
+                    per > UNROLL_OPS or not all(isinstance(x, Load) and steps_by_one(x.index, last)
+                                                for x in reads):
+                return []
+            long.append((r, max(1, UNROLL_OPS // per)))
+        return long
+
+    def _row_in_passes(self, vars_: list[Var], body: KExpr, long: list[tuple[Reduce, int]]) -> None:
+        """The innermost axis in segments of PASS_ROW elements; in each, every long reduction
+        (`_long_reduces`) accumulates in a row on the stack, a chunk of its terms per pass over
+        the row (straight-line code in a loop along the row, which vectorises), then the body
+        is stored reading the rows."""
+        b, k = self.b, self.k
+        n, last = k.shape[-1], vars_[-1].name
+        seg = min(n, PASS_ROW)
+        here = b.block
+        b.position_at_start(self.fn.entry_basic_block)  # one row per reduction, not one per loop trip
+        rows = [float_array(b, seg) for _ in long]
+        b.position_at_end(here)
+        where = ravel(vars_, k.shape)
+
+        def segment(s: ir.Value, _a: list) -> list:
+            start = b.mul(s, i64(seg))
+            left = b.sub(i64(n), start)
+            stop = b.select(b.icmp_signed("<", left, i64(seg)), left, i64(seg))
+
+            def along(fill: Callable[[ir.Value, ir.Value], None]) -> None:
+                def element(p: ir.Value, _b: list) -> list:
+                    self.scope.bind(last, b.add(start, p))
+                    fill(p, b.gep(row, [p], source_etype=F32))
+                    return []
+                self.loop(i64(0), stop, [], element, row=True)
+
+            for (r, chunk), row in zip(long, rows):
+                cands = reduces(r.body)
+
+                def terms_(first: ir.Value, count: int, into: bool, r=r, cands=cands, row=row) -> None:
+                    def fill(_p: ir.Value, at: ir.Value) -> None:
+                        acc = b.load(at) if into else identity(r.op, r.dtype)
+                        for u in range(count):
+                            with self.scope.nested():
+                                acc = self._accumulate(r, cands, b.add(first, i64(u)), acc, loop=False)
+                        b.store(acc, at)
+                    along(fill)
+
+                whole, rest = divmod(r.size, chunk)
+                terms_(i64(0), min(chunk, r.size), into=False)
+                if whole > 1:
+                    self.loop(i64(1), i64(whole), [], lambda c, _c, t=terms_, n_=chunk: t(
+                        b.mul(c, i64(n_)), n_, into=True) or [], hint=False)
+                if rest and whole:
+                    terms_(i64(whole * chunk), rest, into=True)
+
+            def final(p: ir.Value, at: list[ir.Value]) -> None:
+                for (r, _), row in zip(long, rows):
+                    self.scope.remember(r, b.load(b.gep(row, [p], source_etype=F32)))
+                self.hoist(reduces(body))
+                self.store(k.out, where, self.emit(body), body.dtype)
+            along(lambda p, _at: final(p, []))
+            return []
+        self.loop(i64(0), i64(-(-n // seg)), [], segment, hint=False)
 
     def _pad_split(self, body: KExpr) -> tuple[Expr, int, int, KExpr] | None:
         """For a padding kernel, where(mask, x, 0) or a load valid under mask at the top, with the
@@ -552,8 +642,7 @@ class KernelEmitter:
 
     def reduce(self, r: Reduce) -> ir.Value:
         cands = reduces(r.body)
-        if isinstance(r.size, int) and (
-                r.size <= UNROLL_REDUCE or r.size * _tree_ops(r.body, UNROLL_OPS // r.size) <= UNROLL_OPS):
+        if _unrolls(r):
             # a pooling window, a filter's taps: straight-line code keeps the outer loop vectorisable
             acc = identity(r.op, r.dtype)
             for j in range(r.size):
@@ -617,6 +706,21 @@ def _holds_for(atom: Expr, var: str, lo: int, hi: int) -> tuple[int, int] | None
     if coef < 0:
         return lo, min(hi, (least - 1) // -coef)  # var <= floor((least - 1) / -coef)
     return None
+
+
+def steps_by_one(index: Expr, n_var: str) -> bool:
+    """Whether index steps by exactly one per column: n_var appears only as a term of its own."""
+    parts = terms(index)
+    own = [c for c, a in parts if isinstance(a, Var) and a.name == n_var]
+    nested = any(a is not None and not (isinstance(a, Var) and a.name == n_var) and
+                 n_var in {v.name for v in var_list(a)} for _c, a in parts)
+    return own == [1] and not nested
+
+
+def _unrolls(r: Reduce) -> bool:
+    """Whether r is emitted as straight-line code: few terms, or a small body unrolled."""
+    return isinstance(r.size, int) and (
+        r.size <= UNROLL_REDUCE or r.size * _tree_ops(r.body, UNROLL_OPS // r.size) <= UNROLL_OPS)
 
 
 def _tree_ops(e: KExpr, limit: int) -> int:
