@@ -4,9 +4,11 @@ of cached decoders against transformers' generate, and torchvision's segmentatio
 classifiers. One row per model: ok (the largest output error relative to the output's scale, the
 compile's seconds), or what failed and why. Nothing is downloaded.
 
-    python benchmarks/coverage.py [--only NAME ...] [--kind hf|lm|vision]
+    python benchmarks/coverage.py [--only NAME ...] [--kind hf|lm|vision|timm]
 
-`autotune="none"`; torchvision as benchmarks/vision.py installs it (TORCHVISION_DIR)."""
+`autotune="none"`; torchvision as benchmarks/vision.py installs it (TORCHVISION_DIR), timm as
+benchmarks/timm_models.py does (TIMM_DIR): one model of each of fifty families, each at its own
+input size, the classifier head's output compared (its weights random, not zero)."""
 
 from __future__ import annotations
 
@@ -198,10 +200,33 @@ def _vision() -> list[tuple[str, Callable[[], torch.nn.Module], tuple[int, ...]]
     ]
 
 
+# timm families beyond benchmarks/timm_models.py's, one model each
+TIMM_MORE = ["tinynet_e", "gernet_s", "res2net50_14w_8s", "selecsls42b", "regnetz_b16", "nf_resnet26",
+             "cspresnet50", "dpn68", "ghostnetv2_100", "mobileone_s0", "efficientformer_l1",
+             "efficientvit_m0", "mobilevitv2_050", "poolformerv2_s12", "coat_lite_tiny",
+             "crossvit_tiny_240", "pvt_v2_b0", "gcvit_xxtiny", "tiny_vit_5m_224", "eva02_tiny_patch14_224",
+             "xcit_nano_12_p16_224", "cait_xxs24_224", "resmlp_12_224", "gmlp_ti16_224", "sequencer2d_s",
+             "visformer_tiny", "focalnet_tiny_srf", "starnet_s1", "rdnet_tiny", "twins_svt_small",
+             "maxvit_nano_rw_256"]
+
+
+def _timm(name: str) -> tuple[torch.nn.Module, tuple]:
+    """name from timm with random weights (a zero-initialised head given random ones: its output
+    is then compared, not a constant) and its own input size."""
+    from timm_models import _make
+
+    model, inputs = _make(name)()
+    head = model.get_classifier() if hasattr(model, "get_classifier") else None
+    if isinstance(head, torch.nn.Linear) and not head.weight.any():
+        torch.nn.init.normal_(head.weight, std=0.02)
+    return model, inputs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=[])
-    ap.add_argument("--kind", choices=["hf", "lm", "vision"], nargs="*", default=["hf", "lm", "vision"])
+    ap.add_argument("--kind", choices=["hf", "lm", "vision", "timm"], nargs="*",
+                    default=["hf", "lm", "vision"])
     args = ap.parse_args()
     os.environ.setdefault("ECLAT_CACHE_DIR", tempfile.mkdtemp())
     warnings.simplefilter("ignore")
@@ -229,6 +254,11 @@ def main() -> None:
         for name, make, shape in _vision():
             row("torchvision", name, lambda make=make, shape=shape: _compared(
                 make().eval(), (torch.randn(*shape, generator=torch.Generator().manual_seed(0)),)))
+    if "timm" in args.kind:
+        from timm_models import MODELS
+
+        for name in MODELS + TIMM_MORE:
+            row("timm", name, lambda name=name: _compared(*_timm(name)))
 
 
 if __name__ == "__main__":
