@@ -106,6 +106,7 @@ class AttentionEmitter(KernelEmitter):
         self.direct = upper(self.n_rows) < DIRECT_BELOW
         self.rows = block_rows(host.vector_registers())
         self.state_rows = max(1, STATE_FLOATS // self.rows) * self.rows  # whole blocks of rows
+        self.parts = self._row_parts()
         chunk = 2 * lanes  # score columns per micro-kernel step
         self.bj = max(chunk, min(128, SCRATCH_FLOATS // max(att.score.size, 1)) // chunk * chunk)
         # value columns per micro-kernel step: 2 vectors where they divide the row; one query row
@@ -234,7 +235,7 @@ class AttentionEmitter(KernelEmitter):
 
     def key(self) -> str:
         # the table is an argument of the code; the rows in flight are a constant of it (tests change them)
-        return f"{super().key()}|live:{self.live is not None}|rows:{self.rows},{self.state_rows}"
+        return f"{super().key()}|live:{self.live is not None}|rows:{self.rows},{self.state_rows},{self.parts}"
 
     def body(self) -> int:
         lanes, shape = self.lanes, self.k.shape
@@ -255,31 +256,58 @@ class AttentionEmitter(KernelEmitter):
             with self.scope.nested():
                 self._fill_mask_table()
 
-        def level(d: int, i: ir.Value, _a: list) -> list:
+        def level(d: int, i: ir.Value, part: ir.Value | None) -> None:
             self.scope.bind(self.vars_[heads[d]].name, i)
             if d + 1 < len(heads):
-                self.loop(i64(0), i64(shape[heads[d + 1]]), [], lambda i2, a: level(d + 1, i2, a))
+                self.loop(i64(0), i64(shape[heads[d + 1]]), [], lambda i2, _a: level(d + 1, i2, part) or [])
             else:
-                self._head()
+                self._head(part)
+
+        def slice_(t: ir.Value, _a: list) -> list:
+            # slice t of the outer loop: a position of the first head axis, and a part of its rows
+            parts = i64(self.parts)
+            i, part = (t, None) if self.parts == 1 else (b.sdiv(t, parts), b.srem(t, parts))
+            if heads:
+                level(0, i, part)
+            else:
+                self._head(part)
             return []
 
-        if not heads:
-            self._head()  # one head: the whole kernel is one slice of length 1
+        self.loop(self.fn.args[1], self.fn.args[2], [], slice_, hint=False)
+        return (shape[heads[0]] if heads else 1) * self.parts
+
+    def _row_parts(self) -> int:
+        """Parts the query rows are cut into, each a slice of the outer loop of its own, where the
+        first head axis alone would load the schedule's threads unevenly or leave one idle (3 heads
+        on 2 threads ran 1.43x faster than on 1 at T=1024): prefill rows of a count known now, in
+        parts of several row blocks, up to 4 per thread (a causal mask's later rows are the dearer)."""
+        threads = self.k.schedule.threads if self.k.schedule is not None else 1
+        first = upper(self.k.shape[self.heads[0]]) if self.heads else 1
+        if threads <= 1 or self.direct or not isinstance(self.n_rows, int) or first % threads == 0 \
+                or first >= 4 * threads:
             return 1
-        self.loop(self.fn.args[1], self.fn.args[2], [], lambda i, a: level(0, i, a), hint=False)
-        return shape[heads[0]]
+        return max(1, min(4 * threads, self.n_rows // (4 * self.rows)))
 
     # --- one head: every query row against every key ---------------------------------------------
-    def _head(self) -> None:
-        """Every query row of the head against every key, `state_rows` rows at a time."""
-        if not isinstance(self.n_rows, int):  # a run-time number of rows: the last group shorter
-            b, n = self.b, self.sym(self.n_rows)
+    def _head(self, part: ir.Value | None = None) -> None:
+        """Every query row of the head (of its part: `_row_parts`) against every key, `state_rows`
+        rows at a time."""
+        b = self.b
+        if part is not None or not isinstance(self.n_rows, int):  # rows from lo, the last group shorter
+            if part is None:
+                lo, n = i64(0), self.sym(self.n_rows)
+            else:
+                share = -(-self.n_rows // self.parts)
+                per = -(-share // self.rows) * self.rows  # whole row blocks
+                lo = b.mul(part, i64(per))
+                left = b.sub(i64(self.n_rows), lo)
+                n = b.select(b.icmp_signed("<", left, i64(per)), left, i64(per))  # <= 0: no rows
 
             def group(g: ir.Value, _a: list) -> list:
                 first = b.mul(g, i64(self.state_rows))
                 left = b.sub(n, first)
-                self._rows_in_flight(first, b.select(b.icmp_signed("<", left, i64(self.state_rows)), left,
-                                                     i64(self.state_rows)))
+                most = i64(self.state_rows)
+                self._rows_in_flight(b.add(lo, first), b.select(b.icmp_signed("<", left, most), left, most))
                 return []
             groups = b.sdiv(b.add(n, i64(self.state_rows - 1)), i64(self.state_rows))
             self.loop(i64(0), groups, [], group, hint=False)
