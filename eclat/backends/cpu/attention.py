@@ -29,7 +29,7 @@ from . import host
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function
-from .scalar import F32, I8, accumulate, float_array, i64, intrinsic, splat, store_through, vector_ptr
+from .scalar import F32, I8, accumulate, float_array, i64, intrinsic, smin, splat, store_through, vector_ptr
 
 # Fewer query rows than this (decode: one per head) read keys and values in place, not in panels
 DIRECT_BELOW = 6
@@ -301,13 +301,12 @@ class AttentionEmitter(KernelEmitter):
                 per = -(-share // self.rows) * self.rows  # whole row blocks
                 lo = b.mul(part, i64(per))
                 left = b.sub(i64(self.n_rows), lo)
-                n = b.select(b.icmp_signed("<", left, i64(per)), left, i64(per))  # <= 0: no rows
+                n = smin(b, left, i64(per))  # <= 0: no rows
 
             def group(g: ir.Value, _a: list) -> list:
                 first = b.mul(g, i64(self.state_rows))
                 left = b.sub(n, first)
-                most = i64(self.state_rows)
-                self._rows_in_flight(b.add(lo, first), b.select(b.icmp_signed("<", left, most), left, most))
+                self._rows_in_flight(b.add(lo, first), smin(b, left, i64(self.state_rows)))
                 return []
             groups = b.sdiv(b.add(n, i64(self.state_rows - 1)), i64(self.state_rows))
             self.loop(i64(0), groups, [], group, hint=False)

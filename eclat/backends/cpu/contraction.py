@@ -38,7 +38,21 @@ from ...ir.symbolic import Expr, Num, Var, evaluate, map_vars, prod, sint, terms
 from ...ir.view import contiguous_strides
 from . import host
 from .emitter import KernelEmitter, steps_by_one
-from .scalar import F32, I8, I16, I32, I64, PTR, float_array, i64, intrinsic, splat, store_through, vector_ptr
+from .scalar import (
+    F32,
+    I8,
+    I16,
+    I32,
+    I64,
+    PTR,
+    float_array,
+    i64,
+    intrinsic,
+    smin,
+    splat,
+    store_through,
+    vector_ptr,
+)
 from .schedules import ACCUMULATOR_CHAINS
 
 PACKED = "pack:"  # name prefix of weights packed at compile time
@@ -534,7 +548,7 @@ class ContractionEmitter(KernelEmitter):
                 bb = self.b
                 first = bb.mul(ci, i64(depth))
                 stop = bb.add(first, i64(depth))
-                stop = bb.select(bb.icmp_signed("<", stop, i64(kk)), stop, i64(kk))
+                stop = smin(bb, stop, i64(kk))
                 span = (first, stop, bb.icmp_signed("==", ci, i64(0)),
                         bb.icmp_signed("==", ci, i64(-(-kk // depth) - 1)))
                 self._row_blocks(m_size, mr, lambda m0, h: micro(p, m0, h, span))
@@ -933,6 +947,6 @@ class ContractionEmitter(KernelEmitter):
             with then:
                 elements(i64(mr), i64(nr), hint=True)
             with otherwise:
-                rows = bb.select(bb.icmp_signed("<", rows, i64(mr)), rows, i64(mr))
-                cols = bb.select(bb.icmp_signed("<", cols, i64(nr)), cols, i64(nr))
+                rows = smin(bb, rows, i64(mr))
+                cols = smin(bb, cols, i64(nr))
                 elements(rows, cols, hint=False)

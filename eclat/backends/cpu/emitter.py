@@ -81,6 +81,7 @@ from .scalar import (
     intrinsic,
     mem_type,
     reg_type,
+    smin,
     zero,
 )
 
@@ -402,7 +403,7 @@ class KernelEmitter:
         def segment(s: ir.Value, _a: list) -> list:
             start = b.mul(s, i64(seg))
             left = b.sub(i64(n), start)
-            stop = b.select(b.icmp_signed("<", left, i64(seg)), left, i64(seg))
+            stop = smin(b, left, i64(seg))
 
             def along(fill: Callable[[ir.Value], None]) -> None:
                 def element(p: ir.Value, _b: list) -> list:

@@ -54,6 +54,11 @@ def float_array(b: ir.IRBuilder, size: int) -> ir.Value:
     return array
 
 
+def smin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """The smaller of two signed integers (a row's or a block's length, clamped to what is left)."""
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
 def splat(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
     """A vector of `lanes` copies of the scalar x."""
     undef = ir.Constant(ir.VectorType(x.type, lanes), ir.Undefined)
