@@ -1171,7 +1171,8 @@ def test_a_strided_depthwise_convolutions_phases_run_in_passes_when_together_too
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(16, 16, 11, stride=2, padding=5, groups=16).eval()
     x = torch.randn(1, 16, 40, 40)
-    compiled = eclat.compile(conv, (x,), target="cpu", autotune="none", quiet=True)
+    # k=1: "none" still races two candidates, and the second splits the planes over two kernels
+    compiled = eclat.compile(conv, (x,), target="cpu", autotune="none", k=1, quiet=True)
     np.testing.assert_allclose(compiled(x.numpy()), conv(x).detach().numpy(), rtol=1e-4, atol=1e-5)
     program = compiled.executable.program
     (kern,) = [k for k in program.kernels if len(reduces(k.body)) >= 4]
