@@ -952,6 +952,29 @@ def test_a_concatenation_runs_in_pieces_with_its_masks_folded(threads):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_concatenation_along_the_innermost_axis_runs_in_pieces_that_vectorise():
+    """relu(g) * cat(i, c) along the last axis (a gated block's channels-last concatenation, RoPE's
+    rotate-half): the row runs in one loop per part, each load unmasked, so each vectorises; with a
+    mask per element it stayed scalar (a 3136x128 GELU gate 799 -> 132 us, znver4)."""
+    import llvmlite.ir as ir
+
+    from eclat.backends.cpu import host
+    from eclat.backends.cpu.codegen import emitter
+    from eclat.backends.cpu.jit import kernel_codes
+
+    g, i, c = (G.input_(name, (40, n)) for name, n in (("g", 128), ("i", 48), ("c", 80)))
+    gate = G.binary("max", g, G.expand_to(G.const(0.0), g.shape))
+    graph = G.Graph([g, i, c], [G.binary("mul", gate, _cat([i, c], 1))], {})
+    program = check(graph, [rand(40, 128), rand(40, 48), rand(40, 80)])
+    (kern,) = program.kernels
+    kern.schedule = default_schedule(kern)
+    mod = ir.Module(name="k")
+    emitter(mod, kern, program.buffers, {}, host.vector_lanes()).function("k")
+    code = kernel_codes([mod])[0][1]
+    # each part's loads are plain vector loads (masked per element, they were masked gathers)
+    assert "masked.gather" not in code and len(re.findall(r"= load <\d+ x float>", code)) >= 3
+
+
 @pytest.mark.parametrize("weight", [True, False])
 def test_a_product_with_few_columns_runs_transposed(weight):
     """W[64, 96] @ P[96, 4] (a convolution over 4 pixels) fills 4 of a tile's 16 or 32 columns; its

@@ -279,14 +279,14 @@ class KernelEmitter:
                     self._unrolled_row(vars_, piece)
                 elif dd + 2 == len(shape) and pad is not None:
                     self._padded_row(vars_, *pad)
+                elif dd + 2 <= len(shape) and not k.sides and len(self._pieces(piece, dd + 1)) > 1:
+                    self._axis(piece, dd + 1, i64(0), self.sym(shape[dd + 1]))
                 elif dd + 2 == len(shape) and inside is not None:
                     self._split_row(vars_, piece, *inside)
                 elif dd + 2 == len(shape) and k.sides:
                     self._row_with_sides(vars_, cands)
                 elif dd + 2 == len(shape) and (long := self._long_reduces(piece)):
                     self._row_in_passes(vars_, piece, long)
-                elif dd + 2 < len(shape) and not k.sides and len(self._pieces(piece, dd + 1)) > 1:
-                    self._axis(piece, dd + 1, i64(0), self.sym(shape[dd + 1]))
                 elif dd + 1 < len(shape):
                     self.loop(i64(0), self.sym(shape[dd + 1]), [], lambda i2, a: level(dd + 1, i2, a),
                               row=dd + 2 + self.tiny_last == len(shape))
