@@ -992,9 +992,10 @@ def _raw_code(program, kern) -> str:
 def test_reads_transposed_along_the_row_are_staged_a_block_of_rows_at_a_time(threads):
     """A channels-first value read channels-last (x[c, p] as [p, c]: a transpose, and a LayerNorm
     over channels whose sums read it the same way) is staged for STAGE_ROWS rows at a time: a line
-    of each channel copied into a tile on the stack, which the rows read (a 48x1024 transpose 147 ->
-    27 us, the LayerNorm 417 -> 93 us, znver4). Rows that fill no block (70 = 4 x 16 + 6) read in
-    place; an outer axis (a batch) is bound while the tiles fill. Values match the interpreter."""
+    of each channel copied into a tile on the stack, which the rows read, the rows' sums and maxima
+    taken for the block together along it (a 48x1024 transpose 147 -> 27 us, the LayerNorm 417 ->
+    65 us, znver4). Rows that fill no block (70 = 4 x 16 + 6) read in place; an outer axis (a
+    batch) is bound while the tiles fill. Values match the interpreter, NaN and infinities too."""
     from eclat.backends.cpu.emitter import STAGE_ROWS
 
     c, rows = 40, 70
@@ -1002,12 +1003,15 @@ def test_reads_transposed_along_the_row_are_staged_a_block_of_rows_at_a_time(thr
     xt = G.movement(x, lambda v: v.permute([0, 2, 1]))  # [2, rows, c], read across c with a stride
     mean = G.binary("mul", G.reduce("sum", xt, 2), G.expand_to(G.const(-1.0 / c), (2, rows)))
     centred = G.binary("add", xt, G.movement(mean, lambda v: v.reshape((2, rows, 1)).expand((2, rows, c))))
-    graph = G.Graph([x], [G.binary("mul", xt, G.expand_to(G.const(2.0), xt.shape)), centred], {})
+    peak = G.binary("mul", G.reduce("max_reduce", xt, 2), G.expand_to(G.const(-1.0), (2, rows)))
+    below = G.binary("add", xt, G.movement(peak, lambda v: v.reshape((2, rows, 1)).expand((2, rows, c))))
+    graph = G.Graph([x], [G.binary("mul", xt, G.expand_to(G.const(2.0), xt.shape)), centred, below], {})
     inputs = [rand(2, c, rows)]
+    inputs[0][0, 3, 5], inputs[0][1, 7, 20], inputs[0][1, :, 33] = np.nan, np.inf, -np.inf
     program = group(graph)
     exe = on_two_threads(program) if threads > 1 else CpuExecutable(program)
     for got, want in zip(exe.run(inputs), run(graph, inputs)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
     for kern in program.kernels:
         assert f"alloca float, i32 {c * STAGE_ROWS}" in _raw_code(program, kern), kern.body  # the tile
 

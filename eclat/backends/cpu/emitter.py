@@ -378,6 +378,17 @@ class KernelEmitter:
                 at = at + (v - v.lo) * step
             mapping[x] = Load(name, at, Num(1), x.dtype)
         inner = rewrite(body, mapping)
+        # reductions each row takes once (not along the row) of what the tiles hold: computed for the
+        # block's rows together, a loop along them that vectorises (the tiles run along the rows)
+        bound = {rows, within.name, *(f"i{a}" for a in range(d))}
+        tiled = set(mapping.values())
+        per_row = sorted((r for r in dict.fromkeys(reduces(inner)) if r.dtype is DType.float32
+                          and r.op in COMBINE and isinstance(r.size, int)
+                          and free_vars(r, self.fv_memo) <= bound and any(x in tiled for x in loads(r))),
+                         key=lambda r: len(reduces(r.body)))
+        b.position_at_start(self.fn.entry_basic_block)
+        sums = [float_array(b, STAGE_ROWS) for _ in per_row]
+        b.position_at_end(here)
         cands = [*reduces(inner), *(x.idx for x in walk(inner) if isinstance(x, Gather))]
         pad = self._pad_split(inner)
         inside = self._interior(inner) if pad is None else None
@@ -405,8 +416,25 @@ class KernelEmitter:
             for (x, radix), tile in zip(staged, tiles):
                 fill(x, radix, tile, start)
 
-            def row(i: ir.Value, accs: list) -> list:
+            def taken(i: ir.Value, upto: int) -> None:
                 self.scope.bind(within.name, i)
+                for r, arr in zip(per_row[:upto], sums):
+                    self.scope.remember(r, b.load(b.gep(arr, [i], source_etype=F32)))
+            for j, (r, arr) in enumerate(zip(per_row, sums)):  # term by term, each along the rows
+                def term(t: ir.Value, _a: list, j=j, r=r, arr=arr) -> list:
+                    def each(i: ir.Value, _b: list) -> list:
+                        taken(i, j)
+                        self.scope.bind(rows, b.add(start, i))
+                        at = b.gep(arr, [i], source_etype=F32)
+                        acc = b.select(b.icmp_signed("==", t, i64(0)), identity(r.op, r.dtype), b.load(at))
+                        b.store(self._accumulate(r, reduces(r.body), t, acc, loop=False), at)
+                        return []
+                    self.loop(i64(0), i64(STAGE_ROWS), [], each)
+                    return []
+                self.loop(i64(0), i64(r.size), [], term, hint=False)
+
+            def row(i: ir.Value, accs: list) -> list:
+                taken(i, len(per_row))
                 return level(d, b.add(start, i), accs, piece=inner, cands=cands, pad=pad, inside=inside)
             self.loop(i64(0), i64(STAGE_ROWS), [], row, hint=False)
             return []
