@@ -994,8 +994,10 @@ def test_reads_transposed_along_the_row_are_staged_a_block_of_rows_at_a_time(thr
     over channels whose sums read it the same way) is staged for STAGE_ROWS rows at a time: a line
     of each channel copied into a tile on the stack, which the rows read, the rows' sums and maxima
     taken for the block together along it (a 48x1024 transpose 147 -> 27 us, the LayerNorm 417 ->
-    65 us, znver4). Rows that fill no block (70 = 4 x 16 + 6) read in place; an outer axis (a
-    batch) is bound while the tiles fill. Values match the interpreter, NaN and infinities too."""
+    65 us, znver4); so is one whose rows step by a few (a patch's pixels interleaved, MobileViT's
+    unfolding: its LayerNorms 385 -> 146-219 us). Rows that fill no block (70 = 4 x 16 + 6) read in
+    place; an outer axis (a batch, a patch's phase) is bound while the tiles fill. Values match
+    the interpreter, NaN and infinities too."""
     from eclat.backends.cpu.emitter import STAGE_ROWS
 
     c, rows = 40, 70
@@ -1005,15 +1007,21 @@ def test_reads_transposed_along_the_row_are_staged_a_block_of_rows_at_a_time(thr
     centred = G.binary("add", xt, G.movement(mean, lambda v: v.reshape((2, rows, 1)).expand((2, rows, c))))
     peak = G.binary("mul", G.reduce("max_reduce", xt, 2), G.expand_to(G.const(-1.0), (2, rows)))
     below = G.binary("add", xt, G.movement(peak, lambda v: v.reshape((2, rows, 1)).expand((2, rows, c))))
-    graph = G.Graph([x], [G.binary("mul", xt, G.expand_to(G.const(2.0), xt.shape)), centred, below], {})
-    inputs = [rand(2, c, rows)]
+    # a patch's pixels interleaved (MobileViT's unfolding): the rows step by 4, each phase an outer axis
+    y = G.input_("y", (c, rows * 4))
+    patches = G.view(y, View.make((4, rows, c), (1, 4, rows * 4)))
+    outs = [G.binary("mul", xt, G.expand_to(G.const(2.0), xt.shape)), centred, below,
+            G.binary("mul", patches, G.expand_to(G.const(3.0), patches.shape))]
+    graph = G.Graph([x, y], outs, {})
+    inputs = [rand(2, c, rows), rand(c, rows * 4)]
     inputs[0][0, 3, 5], inputs[0][1, 7, 20], inputs[0][1, :, 33] = np.nan, np.inf, -np.inf
     program = group(graph)
     exe = on_two_threads(program) if threads > 1 else CpuExecutable(program)
     for got, want in zip(exe.run(inputs), run(graph, inputs)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
-    for kern in program.kernels:
-        assert f"alloca float, i32 {c * STAGE_ROWS}" in _raw_code(program, kern), kern.body  # the tile
+    for kern in program.kernels:  # the tile: a line per channel, four for the patches'
+        step = 4 if kern.shape[0] == 4 else 1
+        assert f"alloca float, i32 {c * STAGE_ROWS * step}" in _raw_code(program, kern), kern.body
 
 
 def test_a_sum_over_channels_4_kb_apart_runs_in_passes():

@@ -121,6 +121,7 @@ STAGE_ROWS = 16
 # 48 KB and AMD's 32 KB L1s alike), 8 ways at least
 LINE_FLOATS, L1_SETS, L1_WAYS = 16, 64, 8
 STAGE_MAX = 256  # most elements of a row and its reductions' terms one staged read may cover
+STAGE_STEP = 4  # the largest step along the rows a staged read may take (its tile holds the gaps too)
 ROW_OPS = 2 * UNROLL_OPS  # most unrolled ops of a row's reductions together before they run in passes
 COMBINE = {"sum": "add", "max_reduce": "max"}  # the binary op that folds each reduction
 LOOP_HINT = "eclat.loop.hint"  # Jitted turns this into a distinct self-referencing loop id
@@ -325,11 +326,12 @@ class KernelEmitter:
                 self.loop(first, last, [], lambda i, a, lv=level: lv(d, i, a),
                           row=d + 1 + self.tiny_last == len(shape))
 
-    def _transposed(self, body: KExpr, d: int) -> list[tuple[Load, list[tuple[Var, int]]]]:
+    def _transposed(self, body: KExpr, d: int) -> list[tuple[Load, int, list[tuple[Var, int]]]]:
         """Where axis d holds the rows (the one before the innermost): body's float32 loads that step
-        by one along the rows and by STAGE_ROWS or more along the row or a reduction's terms, each
-        with those variables and their strides in the tile (`_staged_rows`), where together they
-        take at most STAGE_MAX values; [] where there is none."""
+        by a few elements along the rows (one to STAGE_STEP: a patch's pixels interleaved) and by a
+        block's span or more along the row or a reduction's terms, each with its step along the rows,
+        and those variables and their strides in the tile (`_staged_rows`), where together they take
+        at most STAGE_MAX values; [] where there is none."""
         k, rows = self.k, f"i{d}"
         if d + 2 != len(k.shape) or self.tiny_last or k.sides or not isinstance(k.shape[-1], int) \
                 or not isinstance(k.shape[d], int) or k.shape[d] < 2 * STAGE_ROWS:
@@ -347,35 +349,37 @@ class KernelEmitter:
             fixed = all(v in moving or v == rows or (is_loop_var(v) and v[0] == "i" and int(v[1:]) < d)
                         for v in coef)  # the outer axes are bound when the rows run
             extent = math.prod(moving[v].hi - moving[v].lo + 1 for v in along)
-            if x.valid != Num(1) or x.dtype is not DType.float32 or coef.get(rows) != 1 or not fixed \
-                    or not any(abs(coef[v]) >= STAGE_ROWS for v in along) or extent > STAGE_MAX:
+            step = coef.get(rows, 0)
+            if x.valid != Num(1) or x.dtype is not DType.float32 or not 1 <= step <= STAGE_STEP or not fixed \
+                    or not any(abs(coef[v]) >= STAGE_ROWS * step for v in along) or extent > STAGE_MAX:
                 continue
-            radix, tile = [], STAGE_ROWS
+            radix, tile = [], STAGE_ROWS * step
             for v in reversed(along):
                 radix.append((moving[v], tile))
                 tile *= moving[v].hi - moving[v].lo + 1
-            out.append((x, radix[::-1]))
+            out.append((x, step, radix[::-1]))
         return out
 
     def _staged_rows(self, d: int, first: ir.Value, last: ir.Value, body: KExpr,
-                     staged: list[tuple[Load, list[tuple[Var, int]]]], level: Callable) -> None:
-        """The rows first..last in blocks of STAGE_ROWS: each staged read's line for every value of
-        the row and terms it moves along is copied into a tile on the stack (one vector per value,
-        from where the block's first row reads it), and the block's rows read the tile (the rest,
-        fewer than a block, read in place)."""
+                     staged: list[tuple[Load, int, list[tuple[Var, int]]]], level: Callable) -> None:
+        """The rows first..last in blocks of STAGE_ROWS: each staged read's span for every value of
+        the row and terms it moves along is copied into a tile on the stack (`step` vectors per
+        value, from where the block's first row reads it), and the block's rows read the tile (the
+        rest, fewer than a block, read in place)."""
         b, rows = self.b, f"i{d}"
         within = Var(f"i{len(self.k.shape)}", 0, STAGE_ROWS - 1)  # the row in its block: one axis more
         here = b.block
         b.position_at_start(self.fn.entry_basic_block)
-        tiles = [float_array(b, radix[0][1] * (radix[0][0].hi - radix[0][0].lo + 1)) for _, radix in staged]
+        tiles = [float_array(b, radix[0][1] * (radix[0][0].hi - radix[0][0].lo + 1))
+                 for _, _, radix in staged]
         b.position_at_end(here)
         mapping: dict[KExpr, KExpr] = {}
-        for j, ((x, radix), tile) in enumerate(zip(staged, tiles)):
+        for j, ((x, step, radix), tile) in enumerate(zip(staged, tiles)):
             name = f"stage{j}"
             self.ptr[name] = tile
-            at: Expr = within
-            for v, step in radix:
-                at = at + (v - v.lo) * step
+            at: Expr = within * step
+            for v, stride in radix:
+                at = at + (v - v.lo) * stride
             mapping[x] = Load(name, at, Num(1), x.dtype)
         inner = rewrite(body, mapping)
         # reductions each row takes once (not along the row) of what the tiles hold: computed for the
@@ -394,17 +398,20 @@ class KernelEmitter:
         inside = self._interior(inner) if pad is None else None
         vec = ir.VectorType(F32, STAGE_ROWS)
 
-        def fill(x: Load, radix: list[tuple[Var, int]], tile: ir.Value, start: ir.Value) -> None:
+        def fill(x: Load, step: int, radix: list[tuple[Var, int]], tile: ir.Value, start: ir.Value) -> None:
             def level_(u: int, offset: ir.Value) -> None:
                 if u == len(radix):
-                    line = b.load(vector_ptr(b, self.ptr[x.buffer], self.sym(x.index)), typ=vec, align=4)
-                    store_through(b, line, vector_ptr(b, tile, offset))
+                    for w in range(step):  # the last vector ends at the last row's element, not past it
+                        shift = w * STAGE_ROWS - (step - 1 if w == step - 1 else 0)
+                        line = b.load(vector_ptr(b, self.ptr[x.buffer], b.add(self.sym(x.index), i64(shift))),
+                                      typ=vec, align=4)
+                        store_through(b, line, vector_ptr(b, tile, b.add(offset, i64(shift))))
                     return
-                v, step = radix[u]
+                v, stride = radix[u]
 
                 def one(i: ir.Value, _a: list) -> list:
                     self.scope.bind(v.name, i)
-                    level_(u + 1, b.add(offset, b.mul(b.sub(i, i64(v.lo)), i64(step))))
+                    level_(u + 1, b.add(offset, b.mul(b.sub(i, i64(v.lo)), i64(stride))))
                     return []
                 self.loop(i64(v.lo), i64(v.hi + 1), [], one, hint=False)
             with self.scope.nested():
@@ -413,8 +420,8 @@ class KernelEmitter:
 
         def block(n: ir.Value, _a: list) -> list:
             start = b.add(first, b.mul(n, i64(STAGE_ROWS)))
-            for (x, radix), tile in zip(staged, tiles):
-                fill(x, radix, tile, start)
+            for (x, step, radix), tile in zip(staged, tiles):
+                fill(x, step, radix, tile, start)
 
             def taken(i: ir.Value, upto: int) -> None:
                 self.scope.bind(within.name, i)
