@@ -293,10 +293,10 @@ class KernelEmitter:
                     self._unrolled_row(vars_, piece)
                 elif dd + 2 == len(shape) and pad is not None:
                     self._padded_row(vars_, *pad)
-                elif dd + 2 <= len(shape) and not k.sides and len(self._pieces(piece, dd + 1)) > 1:
-                    self._axis(piece, dd + 1, i64(0), self.sym(shape[dd + 1]))
                 elif dd + 2 == len(shape) and inside is not None:
                     self._split_row(vars_, piece, *inside)
+                elif dd + 2 <= len(shape) and self._in_pieces(piece, dd + 1):
+                    self._axis(piece, dd + 1, i64(0), self.sym(shape[dd + 1]))
                 elif dd + 2 == len(shape) and k.sides:
                     self._row_with_sides(vars_, cands)
                 elif dd + 2 == len(shape) and (long := self._long_reduces(piece)):
@@ -448,6 +448,12 @@ class KernelEmitter:
         blocks = b.sdiv(b.sub(last, first), i64(STAGE_ROWS))
         self.loop(i64(0), blocks, [], block, hint=False)
         self.loop(b.add(first, b.mul(blocks, i64(STAGE_ROWS))), last, [], lambda i, a: level(d, i, a))
+
+    def _in_pieces(self, body: KExpr, d: int) -> bool:
+        """Whether axis d's loop runs in pieces (`_pieces`): along the innermost axis only where the
+        row is two vectors or longer (a short row's masks, its edges, run as masked vectors)."""
+        return not self.k.sides and len(self._pieces(body, d)) > 1 and \
+            (d + 1 < len(self.k.shape) or upper(self.k.shape[d]) >= 2 * self.lanes)
 
     def _pieces(self, body: KExpr, d: int) -> list[tuple[int, int, KExpr]]:
         """(lo, hi, body with axis d known to lie in lo..hi) for the ranges of axis d over which every
