@@ -48,6 +48,21 @@ def on_two_threads(program):
     return CpuExecutable(program, threads=2)
 
 
+def kernel_code(program, kern, optimised: bool = True) -> str:
+    """kern's function for the host's vectors: the IR the emitter writes, or LLVM's optimised IR
+    (what runs), for tests that check how a kernel is emitted. Unscheduled, it gets its default."""
+    import llvmlite.ir as ir
+
+    from eclat.backends.cpu import host
+    from eclat.backends.cpu.codegen import emitter
+    from eclat.backends.cpu.jit import kernel_codes
+
+    kern.schedule = kern.schedule or default_schedule(kern)
+    mod = ir.Module(name="k")
+    emitter(mod, kern, program.buffers, {}, host.vector_lanes()).function("k")
+    return kernel_codes([mod])[0][1] if optimised else str(mod)
+
+
 def rand(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
@@ -956,36 +971,14 @@ def test_a_concatenation_along_the_innermost_axis_runs_in_pieces_that_vectorise(
     """relu(g) * cat(i, c) along the last axis (a gated block's channels-last concatenation, RoPE's
     rotate-half): the row runs in one loop per part, each load unmasked, so each vectorises; with a
     mask per element it stayed scalar (a 3136x128 GELU gate 799 -> 132 us, znver4)."""
-    import llvmlite.ir as ir
-
-    from eclat.backends.cpu import host
-    from eclat.backends.cpu.codegen import emitter
-    from eclat.backends.cpu.jit import kernel_codes
-
     g, i, c = (G.input_(name, (40, n)) for name, n in (("g", 128), ("i", 48), ("c", 80)))
     gate = G.binary("max", g, G.expand_to(G.const(0.0), g.shape))
     graph = G.Graph([g, i, c], [G.binary("mul", gate, _cat([i, c], 1))], {})
     program = check(graph, [rand(40, 128), rand(40, 48), rand(40, 80)])
     (kern,) = program.kernels
-    kern.schedule = default_schedule(kern)
-    mod = ir.Module(name="k")
-    emitter(mod, kern, program.buffers, {}, host.vector_lanes()).function("k")
-    code = kernel_codes([mod])[0][1]
+    code = kernel_code(program, kern)
     # each part's loads are plain vector loads (masked per element, they were masked gathers)
     assert "masked.gather" not in code and len(re.findall(r"= load <\d+ x float>", code)) >= 3
-
-
-def _raw_code(program, kern) -> str:
-    """kern's function as the emitter writes it, before LLVM optimises it."""
-    import llvmlite.ir as ir
-
-    from eclat.backends.cpu import host
-    from eclat.backends.cpu.codegen import emitter
-
-    kern.schedule = kern.schedule or default_schedule(kern)
-    mod = ir.Module(name="k")
-    emitter(mod, kern, program.buffers, {}, host.vector_lanes()).function("k")
-    return str(mod)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -1021,7 +1014,8 @@ def test_reads_transposed_along_the_row_are_staged_a_block_of_rows_at_a_time(thr
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
     for kern in program.kernels:  # the tile: a line per channel, four for the patches'
         step = 4 if kern.shape[0] == 4 else 1
-        assert f"alloca float, i32 {c * STAGE_ROWS * step}" in _raw_code(program, kern), kern.body
+        emitted = kernel_code(program, kern, optimised=False)
+        assert f"alloca float, i32 {c * STAGE_ROWS * step}" in emitted, kern.body
 
 
 def test_a_sum_over_channels_4_kb_apart_runs_in_passes():
@@ -1033,7 +1027,7 @@ def test_a_sum_over_channels_4_kb_apart_runs_in_passes():
     inputs = [rand(48, 1024)]
     program = check(graph, inputs, rtol=1e-5, atol=1e-5)
     (kern,) = program.kernels
-    assert "alloca float, i32 1024" in _raw_code(program, kern)  # the row of accumulators
+    assert "alloca float, i32 1024" in kernel_code(program, kern, optimised=False)  # the row of accumulators
     np.testing.assert_allclose(on_two_threads(program).run(inputs)[0], inputs[0].sum(0), rtol=1e-5, atol=1e-5)
 
 
@@ -1069,10 +1063,7 @@ def test_rows_shorter_than_the_vectoriser_likes_run_as_masked_vectors(width):
     compiling), and matches the interpreter, infinities and NaN included."""
     import llvmlite.ir as ir
 
-    from eclat.backends.cpu import host
-    from eclat.backends.cpu.codegen import emitter
     from eclat.backends.cpu.emitter import loop_hint
-    from eclat.backends.cpu.jit import kernel_codes
 
     for lanes in (8, 16):
         hint = ir.Module(name="h")
@@ -1090,10 +1081,7 @@ def test_rows_shorter_than_the_vectoriser_likes_run_as_masked_vectors(width):
     program, (got,) = compiled(graph, [xs])
     np.testing.assert_allclose(got, run(graph, [xs])[0], rtol=1e-6, equal_nan=True)
     (kern,) = program.kernels
-    kern.schedule = default_schedule(kern)
-    mod = ir.Module(name="k")
-    emitter(mod, kern, program.buffers, {}, host.vector_lanes()).function("k")
-    assert "llvm.masked.load" in kernel_codes([mod])[0][1]
+    assert "llvm.masked.load" in kernel_code(program, kern)
 
 
 @pytest.mark.parametrize("width, lanes, vector", [(28, 16, 8), (14, 16, 4), (14, 8, 4), (56, 16, 8),
@@ -1209,11 +1197,7 @@ def test_reductions_too_long_to_unroll_run_in_passes_along_the_row(spatial, taps
     loop along the row vectorises (9.8 -> 0.26 ms for a 9x9 depthwise convolution at 28x28 with 96
     channels): the kernel's optimised code holds vector arithmetic along the row, and it matches
     the interpreter, NaN and infinities included."""
-    import llvmlite.ir as ir
 
-    from eclat.backends.cpu import host
-    from eclat.backends.cpu.codegen import emitter
-    from eclat.backends.cpu.jit import kernel_codes
 
     c = 3
     x = G.input_("x", (c, *spatial))
@@ -1231,11 +1215,7 @@ def test_reductions_too_long_to_unroll_run_in_passes_along_the_row(spatial, taps
     graph = G.Graph([x, w] if op == "sum" else [x], [out], {})
     program = check(graph, args, rtol=1e-5, atol=1e-5)
     (kern,) = program.kernels
-    kern.schedule = default_schedule(kern)
-    lanes = host.vector_lanes()
-    mod = ir.Module(name="k")
-    emitter(mod, kern, program.buffers, {}, lanes).function("k")
-    code = kernel_codes([mod])[0][1]
+    code = kernel_code(program, kern)
     # the loop along the row vectorised, a vector op per term (not a loop over the taps per element)
     assert len(re.findall(r"= (?:tail call|call) <\d+ x float>", code)) >= math.prod(taps) - 1
 
@@ -1245,13 +1225,9 @@ def test_a_strided_depthwise_convolutions_phases_run_in_passes_when_together_too
     planes (5x5 to 6x6 taps each): each unrolls, but 121 taps in one body left LLVM's vectoriser
     mostly scalar (372 -> 79 us at 144 channels and 14x14, znver4). Together past ROW_OPS, they
     accumulate in passes: the code holds a vector multiply-add per tap, and matches torch."""
-    import llvmlite.ir as ir
     import torch
 
     import eclat
-    from eclat.backends.cpu import host
-    from eclat.backends.cpu.codegen import emitter
-    from eclat.backends.cpu.jit import kernel_codes
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(16, 16, 11, stride=2, padding=5, groups=16).eval()
@@ -1261,6 +1237,4 @@ def test_a_strided_depthwise_convolutions_phases_run_in_passes_when_together_too
     np.testing.assert_allclose(compiled(x.numpy()), conv(x).detach().numpy(), rtol=1e-4, atol=1e-5)
     program = compiled.executable.program
     (kern,) = [k for k in program.kernels if len(reduces(k.body)) >= 4]
-    mod = ir.Module(name="k")
-    emitter(mod, kern, program.buffers, {}, host.vector_lanes()).function("k")
-    assert len(re.findall(r"fmuladd\.v\d+f32\(", kernel_codes([mod])[0][1])) >= 121
+    assert len(re.findall(r"fmuladd\.v\d+f32\(", kernel_code(program, kern))) >= 121

@@ -368,19 +368,12 @@ class KernelEmitter:
         rest, fewer than a block, read in place)."""
         b, rows = self.b, f"i{d}"
         within = Var(f"i{len(self.k.shape)}", 0, STAGE_ROWS - 1)  # the row in its block: one axis more
-        here = b.block
-        b.position_at_start(self.fn.entry_basic_block)
-        tiles = [float_array(b, radix[0][1] * (radix[0][0].hi - radix[0][0].lo + 1))
-                 for _, _, radix in staged]
-        b.position_at_end(here)
         mapping: dict[KExpr, KExpr] = {}
-        for j, ((x, step, radix), tile) in enumerate(zip(staged, tiles)):
-            name = f"stage{j}"
-            self.ptr[name] = tile
+        for j, (x, step, radix) in enumerate(staged):
             at: Expr = within * step
             for v, stride in radix:
                 at = at + (v - v.lo) * stride
-            mapping[x] = Load(name, at, Num(1), x.dtype)
+            mapping[x] = Load(f"stage{j}", at, Num(1), x.dtype)
         inner = rewrite(body, mapping)
         # reductions each row takes once (not along the row) of what the tiles hold: computed for the
         # block's rows together, a loop along them that vectorises (the tiles run along the rows)
@@ -390,9 +383,13 @@ class KernelEmitter:
                           and r.op in COMBINE and isinstance(r.size, int)
                           and free_vars(r, self.fv_memo) <= bound and any(x in tiled for x in loads(r))),
                          key=lambda r: len(reduces(r.body)))
-        b.position_at_start(self.fn.entry_basic_block)
+        here = b.block
+        b.position_at_start(self.fn.entry_basic_block)  # one array each, not one per loop trip
+        tiles = [float_array(b, radix[0][1] * (radix[0][0].hi - radix[0][0].lo + 1))
+                 for _, _, radix in staged]
         sums = [float_array(b, STAGE_ROWS) for _ in per_row]
         b.position_at_end(here)
+        self.ptr.update((f"stage{j}", tile) for j, tile in enumerate(tiles))
         cands = [*reduces(inner), *(x.idx for x in walk(inner) if isinstance(x, Gather))]
         pad = self._pad_split(inner)
         inside = self._interior(inner) if pad is None else None
