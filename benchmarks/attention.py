@@ -5,6 +5,9 @@ without the fused kernel (the same compile with the CPU target's `fused` emptied
 
     python benchmarks/attention.py --threads 1 --autotune none [--only causal_T2048,alibi_T2048]
     python benchmarks/attention.py --bytes [--only causal_T2048]
+    python benchmarks/attention.py --scaling [--only decode_4096,decode3h_16384]
+
+--scaling compiles each decode workload for 1 and for 2 threads and calls the two in turns.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ class Attention(torch.nn.Module):
     """softmax(f(q k^T / sqrt(d))) v over one [1, heads, t, d] block, f the variant's, written as
     people write it; `sdpa()` is the same computation through F.scaled_dot_product_attention."""
 
-    def __init__(self, variant: str, t: int, s: int):
+    def __init__(self, variant: str, t: int, s: int, heads: int = HEADS):
         super().__init__()
         self.variant = variant
         i, j = torch.arange(t)[:, None] + (s - t), torch.arange(s)[None, :]
         causal = torch.where(j <= i, 0.0, -math.inf)
-        slopes = torch.tensor([2.0 ** (-8 * (h + 1) / HEADS) for h in range(HEADS)])
+        slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)])
         masks = {"plain": torch.zeros(t, s), "causal": causal, "softcap": causal, "alibi": causal,
                  "window": torch.where((j <= i) & (i - j < WINDOW), 0.0, -math.inf)}
         self.register_buffer("mask", masks[variant])
@@ -63,11 +66,11 @@ class Attention(torch.nn.Module):
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
 
 
-def _workload(variant: str, t: int, s: int) -> Workload:
+def _workload(variant: str, t: int, s: int, heads: int = HEADS) -> Workload:
     def make():
-        return Attention(variant, t, s), tuple(torch.randn(1, HEADS, n, DIM) for n in (t, s, s))
-    name = f"{variant}_T{t}" if t > 1 else f"decode_{s}"
-    return Workload(name, make, 4 * HEADS * t * s * DIM)
+        return Attention(variant, t, s, heads), tuple(torch.randn(1, heads, n, DIM) for n in (t, s, s))
+    name = f"{variant}_T{t}" if t > 1 else f"decode{'' if heads == HEADS else f'{heads}h'}_{s}"
+    return Workload(name, make, 4 * heads * t * s * DIM)
 
 
 def run_sdpa(model, inputs, threads):
@@ -97,13 +100,39 @@ def moved_bytes(variants: list[str]) -> None:
         print(f"| {w.name} | {moved[0]:.1f} | {moved[1]:.1f} | {moved[0] / moved[1]:.3f} |", flush=True)
 
 
+def thread_scaling(names: list[str]) -> None:
+    """Each decode workload compiled for 1 and for 2 threads, the two called in turns in rounds:
+    medians and their ratio (3 heads share 2 threads unevenly unless the keys are split)."""
+    from run import time_interleaved
+
+    import eclat
+
+    print("\n| workload | 1 thread ms | 2 threads ms | 1 / 2 threads |\n|---|---|---|---|")
+    for w in WORKLOADS:
+        if not w.name.startswith("decode") or names and w.name not in names:
+            continue
+        torch.manual_seed(0)
+        model, inputs = w.make()
+        fns = {}
+        for threads in (1, 2):
+            compiled = eclat.compile(model.eval(), inputs, threads=threads, autotune="none", quiet=True)
+            fns[threads] = lambda c=compiled, x=inputs: c(*x)
+        with torch.inference_mode():
+            timed = time_interleaved(fns)
+        one, two = timed[1], timed[2]
+        print(f"| {w.name} | {one * 1e3:.3f} | {two * 1e3:.3f} | {one / two:.2f} |", flush=True)
+
+
 WORKLOADS = [*(_workload(v, T, T) for v in ("causal", "alibi", "softcap", "window")),
-             _workload("plain", 1, CACHE)]
+             _workload("plain", 1, CACHE), _workload("plain", 1, CACHE, heads=3),
+             _workload("plain", 1, 4 * CACHE, heads=3)]
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    only = argv[argv.index("--only") + 1] if "--only" in argv else ""
     if "--bytes" in argv:  # the bytes table alone
-        only = argv[argv.index("--only") + 1] if "--only" in argv else ""
         moved_bytes([v.split("_")[0] for v in only.split(",") if v])
+    elif "--scaling" in argv:
+        thread_scaling([v for v in only.split(",") if v])
     else:
         main(argv, WORKLOADS, {"sdpa": run_sdpa}, default_peers="eager,torch.compile,sdpa")

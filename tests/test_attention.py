@@ -519,3 +519,79 @@ def test_query_rows_are_cut_into_parts_where_the_heads_would_load_threads_uneven
     program = compiled.executable.program
     em = emitter(ir.Module(name="k"), kern, program.buffers, {}, 8)
     assert isinstance(em, AttentionEmitter) and em.parts > 1 and kern.schedule.threads == 2
+
+
+class MaskedDecode(torch.nn.Module):
+    """One query a head against a cache, the keys past `seen` hidden (a mask known at run time: the
+    whole cache when seen < 0), by torch.softmax (NaN rows) or SDPA's safe softmax (zero rows)."""
+
+    def __init__(self, safe: bool):
+        super().__init__()
+        self.safe = safe
+
+    def forward(self, q, k, v, seen):
+        hidden = (torch.arange(k.shape[-2]) > seen)[None, :]
+        if self.safe:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=~hidden)
+        scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(hidden, -math.inf)
+        return torch.softmax(scores, -1) @ v
+
+
+def _split(compiled: eclat.CompiledModel) -> list[int]:
+    """The key parts of the program's attention kernels as the CPU runs them."""
+    from eclat.backends.cpu.attention import key_parts
+    from eclat.backends.cpu.runtime import layout
+
+    code, _ = layout(compiled.executable.program)
+    return [key_parts(k) for k in code.kernels if as_attention(k) is not None and k.scratch is not None]
+
+
+@pytest.mark.parametrize("model, heads, queries, keys", [("plain", 3, 1, 1000), ("plain", 5, 1, 600),
+                                                         ("causal", 3, 3, 777), ("safe", 3, 1, 1100),
+                                                         ("unsafe", 3, 1, 1100)])
+def test_a_decode_splits_its_keys_among_threads_where_the_heads_would_load_them_unevenly(
+        model, heads, queries, keys):
+    """A few queries a head, 2 threads, 3 or 5 heads: the keys are cut into parts, each a slice of
+    the kernel's outer loop writing its rows unnormalised with their max and sum, which the part
+    that finishes last combines (flash-decoding). Scores in the hundreds, a partial last block, a
+    constant causal mask (3 queries at the cache's end), a run-time mask hiding most keys or all of
+    them; called repeatedly, as the threads race to finish last."""
+    torch.manual_seed(12)
+    q = 20 * torch.randn(1, heads, queries, 64)
+    k, v = torch.randn(1, heads, keys, 64), torch.randn(1, heads, keys, 64)
+    seen = model in ("safe", "unsafe")
+    net = (MaskedDecode(model == "safe") if seen else Scores(model, queries, keys, heads)).eval()
+    args = (q, k, v, torch.tensor(300)) if seen else (q, k, v)
+    compiled = eclat.compile(net, args, threads=2, autotune="none", quiet=True, k=1)
+    assert _split(compiled) and all(p > 1 for p in _split(compiled))
+    for at in ((300, 0, keys - 1, -1) if seen else (None,)):
+        call = (q, k, v, torch.tensor(at)) if seen else args
+        want = net(*call).detach().numpy()
+        for _ in range(20):
+            got = np.asarray(compiled(*call))
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5, equal_nan=True)
+        if at == -1:
+            assert np.all(np.asarray(compiled(*call)) == 0) if model == "safe" else np.isnan(want).all()
+
+
+def test_a_decode_over_a_run_time_number_of_keys_splits_them_at_every_length(tmp_path):
+    """Keys counted at run time: each part's share follows the call's count (parts with no key block
+    left, as at 5 keys, add nothing), also once saved and loaded (the loader derives the scratch);
+    one thread's compile does not split."""
+    from torch.export import Dim
+
+    model = CausalFromLength().eval()
+    s = Dim("s", min=1, max=2048)
+    example = (torch.randn(1, 3, 1, 64), torch.randn(1, 3, 600, 64), torch.randn(1, 3, 600, 64))
+    compiled = eclat.compile(model, example, threads=2, autotune="none", quiet=True, k=1,
+                             dynamic_shapes=(None, {2: s}, {2: s}))
+    assert _split(compiled) == [2]
+    compiled.save(tmp_path / "decode.eclat")
+    loaded = eclat.load(tmp_path / "decode.eclat")
+    torch.manual_seed(13)
+    for keys in (1, 5, 129, 700, 2048):
+        args = (torch.randn(1, 3, 1, 64), torch.randn(1, 3, keys, 64), torch.randn(1, 3, keys, 64))
+        for runner in (compiled, loaded):
+            np.testing.assert_allclose(np.asarray(runner(*args)), model(*args).numpy(), rtol=1e-4, atol=2e-5)
+    assert not _split(eclat.compile(model, example, threads=1, autotune="none", quiet=True, k=1,
+                                    dynamic_shapes=(None, {2: s}, {2: s})))

@@ -518,6 +518,8 @@ class Kernel:
     schedule: Any = None  # the target's (a Schedule on the CPU); None until the search schedules it
     ops: list[str] = field(default_factory=list)  # the graph ops fused into it, for reports
     sides: tuple[Side, ...] = ()  # row reductions of its output it also writes (CPU backend)
+    # a temporary its threads share, zeroed before each call (CPU: an attention's parts along its keys)
+    scratch: str | None = None
 
     @property
     def numel(self) -> int:

@@ -36,7 +36,8 @@ def plan_memory(program: Program, aliases: dict[str, tuple[str, int]] | None = N
     within = {name: at for name, at in aliases.items() if program.buffers[at[0]].role != "temp"}
     live: dict[str, list[int]] = {}
     for t, k in enumerate(program.kernels):
-        for name in {x.buffer for x in loads(k.body)} | {k.out} | {s.out for s in k.sides}:
+        for name in {x.buffer for x in loads(k.body)} | {k.out} | {s.out for s in k.sides} | \
+                {k.scratch} - {None}:
             if program.buffers[name].role == "temp" and name not in within:
                 span = live.setdefault(aliases.get(name, (name,))[0], [t, t])
                 span[0], span[1] = min(span[0], t), max(span[1], t)

@@ -10,26 +10,59 @@ adds the block's probabilities times its values. The rows are normalised once at
 
 The query rows are the kernel's last outer axis when neither keys nor values read it (prefill);
 otherwise each outer position is one row of its own (decode: one query per head).
+
+A decode whose heads would load the threads unevenly or leave one idle (1 to 3 heads on 2 threads)
+splits its keys into parts (flash-decoding, `key_parts`): each part is a slice of the outer loop
+that writes its rows unnormalised, with their max and sum, to a scratch buffer the caller zeroes
+(`split_keys` adds it at layout); the part that finishes last for a head (a counter per head,
+incremented atomically) combines the head's parts into the output.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
+from dataclasses import replace
 
 import llvmlite.ir as ir
 import numpy as np
 
 from ...compiler.derived import derived
 from ...compiler.group import ravel
-from ...compiler.kernel import Attention, Buffer, Const, Kernel, KExpr, Load, Op, axis_vars, free_vars, walk
+from ...compiler.kernel import (
+    Attention,
+    Buffer,
+    Const,
+    Kernel,
+    KExpr,
+    Load,
+    Op,
+    Program,
+    as_attention,
+    axis_vars,
+    free_vars,
+    walk,
+)
 from ...ir.dtypes import DType
 from ...ir.symbolic import Num, Var, evaluate, terms, upper
 from . import host
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function
-from .scalar import F32, I8, accumulate, float_array, i64, intrinsic, smin, splat, store_through, vector_ptr
+from .scalar import (
+    F32,
+    I8,
+    I32,
+    accumulate,
+    float_array,
+    i64,
+    intrinsic,
+    smin,
+    splat,
+    store_through,
+    vector_ptr,
+)
 
 # Fewer query rows than this (decode: one per head) read keys and values in place, not in panels
 DIRECT_BELOW = 6
@@ -40,6 +73,7 @@ MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
 # it (its scores need no mask: a causal mask below the diagonal; T=2048 causal, a Xeon: 32.4 -> 27.3 ms)
 HIDDEN, LIVE, UNMASKED = 0, 1, 2
 MASK_TABLE = 1 << 16  # entries of a run-time mask's table (on the stack)
+MIN_PART_KEYS = 256  # fewest keys a part of a split decode takes (its combine costs a row's worth)
 
 
 def block_rows(registers: int) -> int:
@@ -74,6 +108,54 @@ def attention_parts(att: Attention | None, kernel: Kernel, lanes: int) -> tuple[
     return q, k
 
 
+
+def rows_axis(kernel: Kernel, k_row: Load, v: KExpr) -> int | None:
+    """The axis of the query rows: the kernel's last outer axis when it has more than one position
+    and neither the keys nor the values read it (prefill); None (each outer position one row)."""
+    last = len(kernel.shape) - 2
+    reads = free_vars(k_row) | free_vars(v)
+    if last >= 0 and upper(kernel.shape[last]) > 1 and axis_vars(kernel.shape)[last].name not in reads:
+        return last
+    return None
+
+
+def key_parts(kernel: Kernel) -> int:
+    """Parts the keys of a decode attention (fewer than DIRECT_BELOW query rows a head, a known number)
+    are split into: the fewest that give every thread as many slices and each at least two, where
+    the heads alone do not (1 head on 2 threads: 4 parts; 3 heads: 2), each part MIN_PART_KEYS keys
+    or more. 1: not split. Depends on the kernel and its schedule alone (the memory plan an artifact
+    derives at load follows it), not on the host's vector width."""
+    threads = getattr(kernel.schedule, "threads", 1)
+    att = as_attention(kernel)
+    parts = attention_parts(att, kernel, 1)
+    if threads <= 1 or parts is None:
+        return 1
+    rows = rows_axis(kernel, parts[1], att.v)
+    if rows is not None and not (isinstance(kernel.shape[rows], int) and kernel.shape[rows] < DIRECT_BELOW):
+        return 1
+    heads = [a for a in range(len(kernel.shape) - 1) if a != rows]
+    slices = kernel.shape[heads[0]] if heads else 1
+    split = next(p for p in range(1, 2 * threads + 1)
+                 if slices * p % threads == 0 and slices * p >= 2 * threads)
+    return max(1, min(split, upper(att.size) // MIN_PART_KEYS))
+
+
+def split_keys(program: Program) -> Program:
+    """program with a scratch buffer for each attention whose keys `key_parts` splits: per head
+    (every outer position but the rows), part and row, the row's unnormalised output, its max and
+    its sum; then an int32 counter per slice of the first head axis."""
+    kernels = list(program.kernels)
+    for j, k in enumerate(kernels):
+        parts = key_parts(k)
+        if parts == 1:
+            continue
+        name = f"keyparts{j}_{k.out}"
+        outer = math.prod(k.shape[:-1])  # heads x rows; as many counters (slices are fewer or as many)
+        program.buffers[name] = Buffer(name, outer * parts * (k.shape[-1] + 2) + outer, DType.float32, "temp")
+        kernels[j] = replace(k, scratch=name)
+    return replace(program, kernels=kernels)
+
+
 def _addends(x: KExpr) -> list[KExpr]:
     """The terms x sums, through nested adds and an fma's addend: a mask added to an ALiBi bias,
     fma(scale, score, bias + mask) as the CPU's fma rule writes scaled scores plus the rest, is
@@ -94,16 +176,13 @@ class AttentionEmitter(KernelEmitter):
         self.att, (self.q_row, self.k_row) = att, parts
         shape = kernel.shape
         self.vars_ = axis_vars(shape)
-        outer = list(range(len(shape) - 1))
-        reads = free_vars(self.k_row) | free_vars(att.v)
-        last = outer[-1] if outer else None
-        self.rows_axis = last if last is not None and upper(shape[last]) > 1 and \
-            self.vars_[last].name not in reads else None
-        self.heads = [a for a in outer if a != self.rows_axis]
+        self.rows_axis = rows_axis(kernel, self.k_row, att.v)
+        self.heads = [a for a in range(len(shape) - 1) if a != self.rows_axis]
         self.n_rows = shape[self.rows_axis] if self.rows_axis is not None else 1
         # one query row per head (decode): each key is used once, so copying it into panels costs
         # what it saves; scores are dot products along the keys' rows, values read in place
         self.direct = upper(self.n_rows) < DIRECT_BELOW
+        self.key_parts = key_parts(kernel) if kernel.scratch is not None else 1
         self.rows = block_rows(host.vector_registers())
         self.state_rows = max(1, STATE_FLOATS // self.rows) * self.rows  # whole blocks of rows
         self.parts = self._row_parts()
@@ -235,7 +314,8 @@ class AttentionEmitter(KernelEmitter):
 
     def key(self) -> str:
         # the table is an argument of the code; the rows in flight are a constant of it (tests change them)
-        return f"{super().key()}|live:{self.live is not None}|rows:{self.rows},{self.state_rows},{self.parts}"
+        return f"{super().key()}|live:{self.live is not None}|rows:{self.rows},{self.state_rows}," \
+            f"{self.parts}|keys:{self.key_parts}"
 
     def body(self) -> int:
         lanes, shape = self.lanes, self.k.shape
@@ -252,29 +332,35 @@ class AttentionEmitter(KernelEmitter):
         self.m = b.alloca(F32, size=min(upper(self.n_rows), self.state_rows))
         self.l = b.alloca(F32, size=min(upper(self.n_rows), self.state_rows))
         self.first = i64(0)  # the first row of the rows in flight (the state's row 0)
+        self.weights = b.alloca(F32, size=self.key_parts)  # a combine's weight of each part
         if self.mask is not None:
             with self.scope.nested():
                 self._fill_mask_table()
 
-        def level(d: int, i: ir.Value, part: ir.Value | None) -> None:
+        def level(d: int, i: ir.Value, leaf: Callable[[], None]) -> None:
             self.scope.bind(self.vars_[heads[d]].name, i)
             if d + 1 < len(heads):
-                self.loop(i64(0), i64(shape[heads[d + 1]]), [], lambda i2, _a: level(d + 1, i2, part) or [])
+                self.loop(i64(0), i64(shape[heads[d + 1]]), [], lambda i2, _a: level(d + 1, i2, leaf) or [])
             else:
-                self._head(part)
+                leaf()
+
+        def each_head(i: ir.Value, leaf: Callable[[], None]) -> None:
+            if heads:
+                level(0, i, leaf)
+            else:
+                leaf()
 
         def slice_(t: ir.Value, _a: list) -> list:
-            # slice t of the outer loop: a position of the first head axis, and a part of its rows
-            parts = i64(self.parts)
-            i, part = (t, None) if self.parts == 1 else (b.sdiv(t, parts), b.srem(t, parts))
-            if heads:
-                level(0, i, part)
-            else:
-                self._head(part)
+            # slice t of the outer loop: a position of the first head axis, and a part of its rows or keys
+            parts = self.parts * self.key_parts
+            i, part = (t, None) if parts == 1 else (b.sdiv(t, i64(parts)), b.srem(t, i64(parts)))
+            each_head(i, lambda: self._head(part))
+            if self.key_parts > 1:
+                self._combine_when_last(i, lambda: each_head(i, self._combine))
             return []
 
         self.loop(self.fn.args[1], self.fn.args[2], [], slice_, hint=False)
-        return (shape[heads[0]] if heads else 1) * self.parts
+        return (shape[heads[0]] if heads else 1) * self.parts * self.key_parts
 
     def _row_parts(self) -> int:
         """Parts the query rows are cut into, each a slice of the outer loop of its own, where the
@@ -293,6 +379,10 @@ class AttentionEmitter(KernelEmitter):
         """Every query row of the head (of its part: `_row_parts`) against every key, `state_rows`
         rows at a time."""
         b = self.b
+        if self.key_parts > 1:  # every row (a few) against this part's keys
+            self.part = part
+            self._rows_in_flight(i64(0), self.n_rows)
+            return
         if part is not None or not isinstance(self.n_rows, int):  # rows from lo, the last group shorter
             if part is None:
                 lo, n = i64(0), self.sym(self.n_rows)
@@ -354,7 +444,9 @@ class AttentionEmitter(KernelEmitter):
                 self.loop(i64(whole * self.rows), i64(count), [], single, hint=False)
 
         # whole blocks, then the last part: loops of known length over a block's keys vectorise whole
-        if isinstance(size, int):
+        if self.key_parts > 1:
+            self._keys_of_part(block)
+        elif isinstance(size, int):
             self.loop(i64(0), i64(size // bj), [], lambda jb, _a: block(jb, i64(bj)) or [], hint=False)
             if size % bj:
                 block(i64(size // bj), i64(size % bj))
@@ -368,6 +460,14 @@ class AttentionEmitter(KernelEmitter):
 
         def finish(r: ir.Value, _a: list) -> list:
             m = b.load(b.gep(self.m, [r], source_etype=F32), typ=F32)
+            if self.key_parts > 1:  # the part's max and sum beside its row, for the combine
+                with self.scope.nested():
+                    self._bind_row(b.add(first, r))
+                    total = b.load(b.gep(self.l, [r], source_etype=F32), typ=F32)
+                    for column, value in ((0, m), (1, total)):
+                        at = self._partial(self.part, i64(self.k.shape[-1] + column))
+                        b.store(value, b.gep(self.out_ptr, [at], source_etype=F32))
+                return []
             inv = b.fdiv(ir.Constant(F32, 1.0), b.load(b.gep(self.l, [r], source_etype=F32), typ=F32))
             if att.safe:  # a row of -inf throughout gives 0
                 dead = b.fcmp_ordered("==", m, ir.Constant(F32, -math.inf))
@@ -401,13 +501,101 @@ class AttentionEmitter(KernelEmitter):
             with other, self.scope.nested(), b.if_then(b.icmp_signed("!=", flag, ir.Constant(I8, HIDDEN))):
                 self._rows(r0, nr, j0, nb)
 
+    # --- a decode's keys in parts (flash-decoding) ----------------------------------------------
+    @property
+    def out_ptr(self) -> ir.Value:
+        """Where the rows accumulate: the output, or the scratch of a part of split keys."""
+        return self.ptr[self.k.scratch] if self.key_parts > 1 else self.ptr[self.k.out]
+
+    def _out_index(self) -> ir.Value:
+        """The place in out_ptr of the current row's element (its row and column bound)."""
+        if self.key_parts > 1:
+            return self._partial(self.part, self.sym(self.vars_[-1]))
+        return self.sym(ravel(self.vars_, self.k.shape))
+
+    def _partial(self, part: ir.Value, column: ir.Value) -> ir.Value:
+        """The scratch's index of element `column` of the current head's and row's row in part:
+        columns 0 .. dv-1 its unnormalised output, dv its max, dv+1 its sum (split_keys)."""
+        b = self.b
+        head = self.sym(ravel([self.vars_[a] for a in self.heads], [self.k.shape[a] for a in self.heads]))
+        row = self.sym(self.vars_[self.rows_axis]) if self.rows_axis is not None else i64(0)
+        at = b.add(b.mul(b.add(b.mul(head, i64(self.key_parts)), part), i64(self.n_rows)), row)
+        return b.add(b.mul(at, i64(self.k.shape[-1] + 2)), column)
+
+    def _keys_of_part(self, block: Callable[[ir.Value, ir.Value], None]) -> None:
+        """block(jb, n) for the key blocks of this slice's part: as many whole blocks each (the
+        last parts fewer, or none), the partial last block in the part that holds it."""
+        b, bj, parts = self.b, self.bj, self.key_parts
+        keys = self.sym(self.att.size)
+        whole = b.sdiv(keys, i64(bj))
+        n_blocks = b.sdiv(b.add(keys, i64(bj - 1)), i64(bj))
+        per = b.sdiv(b.add(n_blocks, i64(parts - 1)), i64(parts))
+        first = b.mul(self.part, per)
+        last = smin(b, b.add(first, per), n_blocks)
+        self.loop(first, smin(b, last, whole), [], lambda jb, _a: block(jb, i64(bj)) or [], hint=False)
+        left = b.srem(keys, i64(bj))
+        holds = b.and_(b.icmp_signed("<=", first, whole), b.icmp_signed("<", whole, last))
+        with b.if_then(b.and_(holds, b.icmp_signed(">", left, i64(0)))), self.scope.nested():
+            block(whole, left)
+
+    def _combine_when_last(self, i: ir.Value, combine: Callable[[], None]) -> None:
+        """combine() in the slice that finishes last among the parts of position i of the first
+        head axis: its counter (zeroed by the caller) counts the parts done. The increment releases
+        this part's rows and acquires the others'."""
+        b = self.b
+        counters = math.prod(self.k.shape[:-1]) * self.key_parts * (self.k.shape[-1] + 2)
+        at = b.gep(self.out_ptr, [b.add(i64(counters), i)], source_etype=F32)
+        done = b.atomic_rmw("add", at, ir.Constant(I32, 1), "acq_rel")
+        with b.if_then(b.icmp_signed("==", done, ir.Constant(I32, self.key_parts - 1))), self.scope.nested():
+            combine()
+
+    def _combine(self) -> None:
+        """The current head's rows from its parts (`_combine_row`)."""
+        for r in range(self.n_rows):
+            with self.scope.nested():
+                self._bind_row(i64(r))
+                self._combine_row()
+
+    def _combine_row(self) -> None:
+        """out = sum_p w_p o_p / sum_p w_p l_p, w_p = exp2((m_p - max_p m_p) * scale), for the
+        current row; a row of -inf throughout as one pass over the keys leaves it (0 when safe,
+        else NaN)."""
+        b, parts, dv = self.b, self.key_parts, self.k.shape[-1]
+        maxnum = intrinsic(self.mod, "llvm.maxnum", F32, 2)
+        inf, zero = ir.Constant(F32, -math.inf), ir.Constant(F32, 0.0)
+        scratch = self.ptr[self.k.scratch]
+        part_at = lambda p, column: b.gep(scratch, [self._partial(p, column)], source_etype=F32)  # noqa: E731
+        weight_at = lambda p: b.gep(self.weights, [p], source_etype=F32)  # noqa: E731
+        (top,) = self.loop(i64(0), i64(parts), [inf], lambda p, a: [b.call(
+            maxnum, [a[0], b.load(part_at(p, i64(dv)), typ=F32)], fastmath=("nnan", "nsz"))], hint=False)
+        shift = b.select(b.fcmp_ordered("==", top, inf), zero, top)
+
+        def weigh(p: ir.Value, acc: list) -> list:
+            m = b.load(part_at(p, i64(dv)), typ=F32)
+            w = b.call(self.exp2, [b.fmul(b.fsub(m, shift), ir.Constant(F32, self.att.scale))])
+            b.store(w, weight_at(p))
+            return [b.fadd(acc[0], b.fmul(w, b.load(part_at(p, i64(dv + 1)), typ=F32)))]
+        (total,) = self.loop(i64(0), i64(parts), [zero], weigh, hint=False)
+        inv = b.fdiv(ir.Constant(F32, 1.0), total)
+        if self.att.safe:
+            inv = b.select(b.fcmp_ordered("==", top, inf), zero, inv)
+
+        def column(e: ir.Value, _a: list) -> list:
+            (value,) = self.loop(i64(0), i64(parts), [zero], lambda p, a: [b.fadd(a[0], b.fmul(
+                b.load(weight_at(p), typ=F32), b.load(part_at(p, e), typ=F32)))], hint=False)
+            self.scope.bind(self.vars_[-1].name, e)
+            at = b.gep(self.ptr[self.k.out], [self.sym(ravel(self.vars_, self.k.shape))], source_etype=F32)
+            b.store(b.fmul(value, inv), at)
+            return []
+        self.loop(i64(0), i64(dv), [], column, hint=False)
+
     def _scale_row(self, row: ir.Value, scale: ir.Value | None) -> None:
         """out[row, :] = 0 (scale None) or out[row, :] * scale."""
         b = self.b
 
         def column(e: ir.Value, _a: list) -> list:
             self.scope.bind(self.vars_[-1].name, e)
-            at = b.gep(self.ptr[self.k.out], [self.sym(ravel(self.vars_, self.k.shape))], source_etype=F32)
+            at = b.gep(self.out_ptr, [self._out_index()], source_etype=F32)
             b.store(ir.Constant(F32, 0.0) if scale is None else b.fmul(b.load(at, typ=F32), scale), at)
             return []
         with self.scope.nested():
@@ -540,7 +728,6 @@ class AttentionEmitter(KernelEmitter):
         dv = self.k.shape[-1]
         nv = self.vchunk // lanes
         e_var = self.vars_[-1].name
-        out = ravel(self.vars_, self.k.shape)
 
         def cols(c: ir.Value, _a: list) -> list:
             e0 = b.mul(c, i64(nv * lanes))
@@ -549,7 +736,7 @@ class AttentionEmitter(KernelEmitter):
                 with self.scope.nested():
                     self._bind_row(row)
                     self.scope.bind(e_var, e0)
-                    places.append(self.sym(out))
+                    places.append(self._out_index())
 
             def step(jj: ir.Value, accs: list) -> list:
                 if self.direct:  # the value row itself
@@ -571,11 +758,11 @@ class AttentionEmitter(KernelEmitter):
                 return new
             alphas = [splat(b, b.load(b.gep(self.alpha, [i64(r)], source_etype=F32), typ=F32), lanes)
                       for r in range(len(rows))]
-            accs = [b.fmul(self._vload(self.ptr[self.k.out], b.add(place, i64(v * lanes))), alphas[r])
+            accs = [b.fmul(self._vload(self.out_ptr, b.add(place, i64(v * lanes))), alphas[r])
                     for r, place in enumerate(places) for v in range(nv)]
             accs = self.loop(i64(0), nb, accs, step, hint=False)
             for r, place in enumerate(places):
                 for v in range(nv):
-                    self._vstore(accs[r * nv + v], self.ptr[self.k.out], b.add(place, i64(v * lanes)))
+                    self._vstore(accs[r * nv + v], self.out_ptr, b.add(place, i64(v * lanes)))
             return []
         self.loop(i64(0), i64(dv // (nv * lanes)), [], cols, hint=False)

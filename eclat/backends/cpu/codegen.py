@@ -171,13 +171,14 @@ def _entry(mod: ir.Module, program: Program, plan: MemoryPlan, slot_names: list[
            calls: list[tuple[str, list[str], sint]], parallel: set[str], threads: int) -> None:
     """eclat_run calls every kernel in order; eclat_kernel_<j> calls kernel j alone (profiling)."""
     steps = [(k, fn, names, n) for k, (fn, names, n) in zip(program.kernels, calls)]
-    _caller(mod, "eclat_run", steps, plan, slot_names, parallel, threads, program.sizes)
+    _caller(mod, "eclat_run", steps, program, plan, slot_names, parallel, threads)
     for j, step in enumerate(steps):
-        _caller(mod, f"eclat_kernel_{j}", [step], plan, slot_names, parallel, threads, program.sizes)
+        _caller(mod, f"eclat_kernel_{j}", [step], program, plan, slot_names, parallel, threads)
 
 
-def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str], sint]], plan: MemoryPlan,
-            slot_names: list[str], parallel: set[str], threads: int, sizes: Sequence[Var]) -> None:
+def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str], sint]], program: Program,
+            plan: MemoryPlan, slot_names: list[str], parallel: set[str], threads: int) -> None:
+    sizes = program.sizes
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR]), name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     slot = {name: j for j, name in enumerate(slot_names)}
@@ -217,6 +218,10 @@ def _caller(mod: ir.Module, name: str, steps: list[tuple[Kernel, str, list[str],
         for j, name in enumerate(names):
             b.store(pointer(name), b.gep(args, [i64(j)], source_etype=PTR))
         kfn = mod.globals[fn_name]
+        if k.scratch is not None:
+            memset = mod.declare_intrinsic("llvm.memset", [PTR, I64])
+            b.call(memset, [pointer(k.scratch), ir.Constant(I8, 0), i64(program.buffers[k.scratch].nbytes),
+                            ir.Constant(ir.IntType(1), 0)])
         if k.name in parallel:
             b.call(pool, [kfn, args, n, ir.Constant(I32, min(threads, k.schedule.threads))])
         else:

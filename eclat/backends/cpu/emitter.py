@@ -138,7 +138,8 @@ class KernelEmitter:
         self.mod, self.k, self.buffers, self.packed, self.lanes = mod, kernel, buffers, packed, lanes
         # arguments in order of first use, so that kernels equal up to names look equal
         self.arg_names = list(dict.fromkeys([x.buffer for x in loads(kernel.body)] + [kernel.out] +
-                                            [sd.out for sd in kernel.sides]))
+                                            [sd.out for sd in kernel.sides] +
+                                            ([kernel.scratch] if kernel.scratch else [])))
         self.pack_name: str | None = None  # a weight packed at compile time, read instead of its source
         self.pack_format: str | None = None  # its low-precision format (compiler.quantize), None: float32
         self.used = set(self.arg_names)  # what the code dereferences: not a weight it reads packed

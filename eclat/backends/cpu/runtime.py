@@ -16,6 +16,7 @@ from ...compiler.kernel import Program, Schedule, loads
 from ...compiler.memplan import ALIGN, MemoryPlan, elided_concatenations, plan_memory
 from ...errors import EclatError
 from ...ir.symbolic import bind_sizes, evaluate
+from .attention import split_keys
 from .codegen import build_module, packed_copies
 from .emitter import SIZES
 from .jit import Jitted, one_thread_warning
@@ -43,9 +44,10 @@ def _owned(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def layout(program: Program) -> tuple[Program, MemoryPlan]:
     """What runs and its memory plan: program with its row sums folded into their writers (the side
-    buffers join program's buffers), and its concatenations written in place by the kernels that
-    write their parts. An artifact's loader derives the same from the stored program."""
-    code, aliases = elided_concatenations(fold_row_reductions(program))
+    buffers join program's buffers), its concatenations written in place by the kernels that write
+    their parts, and a scratch for each attention split along its keys. An artifact's loader
+    derives the same from the stored program."""
+    code, aliases = elided_concatenations(split_keys(fold_row_reductions(program)))
     return code, plan_memory(code, aliases)
 
 
