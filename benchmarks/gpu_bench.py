@@ -41,6 +41,13 @@ def _llama(seq: int = 64):
     return model, (torch.randint(0, 4096, (1, seq)),)
 
 
+def _decode(keys: int = 4096, heads: int = 8):
+    """One query a head against a cache (benchmarks/attention.py's decode): the decode strategy."""
+    from benchmarks.attention import Attention
+
+    return Attention("plain", 1, keys, heads), tuple(torch.randn(1, heads, n, 64) for n in (1, keys, keys))
+
+
 def _matmul(n: int, dtype: torch.dtype = torch.float32):
     return MatMul(), (torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype))
 
@@ -54,6 +61,7 @@ WORKLOADS = {  # name -> (factory, flops for a GFLOP/s column or None)
     "matmul_4096_bf16": (lambda: _matmul(4096, torch.bfloat16), 2 * 4096**3),
     "llama_2x256_seq64": (_llama, None),
     "llama_2x256_prefill512": (lambda: _llama(512), None),
+    "attention_decode_4096": (_decode, 4 * 8 * 4096 * 64),
 }
 
 

@@ -181,18 +181,20 @@ def test_attention_body_is_recognised_and_nothing_else_is():
 
 
 @pytest.mark.parametrize("variant", ["causal", "softcap"])
-def test_opencl_runs_attention_as_one_kernel(variant):
-    """The GPU renderer's attention strategy on PoCL: one thread per query row, online softmax."""
+@pytest.mark.parametrize("queries, keys, strategy", [(300, 300, "attention"), (1, 700, "decode")])
+def test_opencl_runs_attention_as_one_kernel(variant, queries, keys, strategy):
+    """The GPU renderer on PoCL: a thread per query row where the rows are many (2 heads x 300
+    queries), a work-group per row splitting its keys where they are few (decode); online softmax."""
     from tests.gpu_cases import opencl_or_skip
 
     opencl_or_skip()
     torch.manual_seed(3)
-    q, k, v = torch.randn(1, H, 40, D), torch.randn(1, H, 40, D), torch.randn(1, H, 40, D)
-    model = Scores(variant, 40, 40).eval()
+    q, k, v = torch.randn(1, H, queries, D), torch.randn(1, H, keys, D), torch.randn(1, H, keys, D)
+    model = Scores(variant, queries, keys).eval()
     compiled = eclat.compile(model, (q, k, v), target="opencl", autotune="none", quiet=True, k=1)
     np.testing.assert_allclose(np.asarray(compiled(q, k, v)), model(q, k, v).numpy(), rtol=1e-4, atol=2e-5)
     (kern,) = _attention_kernels(compiled)
-    assert kern.schedule.strategy == "attention"
+    assert kern.schedule.strategy == strategy
 
 
 def test_the_search_times_attention_in_one_kernel_and_as_separate_kernels(monkeypatch):
@@ -595,3 +597,34 @@ def test_a_decode_over_a_run_time_number_of_keys_splits_them_at_every_length(tmp
             np.testing.assert_allclose(np.asarray(runner(*args)), model(*args).numpy(), rtol=1e-4, atol=2e-5)
     assert not _split(eclat.compile(model, example, threads=1, autotune="none", quiet=True, k=1,
                                     dynamic_shapes=(None, {2: s}, {2: s})))
+
+
+@pytest.mark.parametrize("threads", [64, 256])
+@pytest.mark.parametrize("model, keys", [("plain", 5), ("plain", 700), ("safe", 700), ("unsafe", 700)])
+def test_a_gpu_decode_splits_each_rows_keys_among_a_work_group(threads, model, keys):
+    """The decode strategy on PoCL: a work-group per query row, thread lid taking keys lid, lid + t,
+    ..., the group combining the threads' maxima, sums and rows in shared memory. Fewer keys than
+    threads (most threads hold nothing), scores in the hundreds, a run-time mask hiding most keys or
+    all of them (0 under SDPA's safe softmax, NaN under torch.softmax)."""
+    from eclat.backends.gpu.schedules import GpuSchedule
+    from eclat.backends.opencl.runtime import OpenCLExecutable
+    from tests.gpu_cases import opencl_or_skip
+
+    opencl_or_skip()
+    torch.manual_seed(14)
+    q = 20 * torch.randn(1, 3, 1, 64)
+    k, v = torch.randn(1, 3, keys, 64), torch.randn(1, 3, keys, 64)
+    seen = model != "plain"
+    net = (MaskedDecode(model == "safe") if seen else Scores("plain", 1, keys, 3)).eval()
+    args = (q, k, v, torch.tensor(300)) if seen else (q, k, v)
+    compiled = eclat.compile(net, args, target="opencl", autotune="none", quiet=True, k=1)
+    (kern,) = _attention_kernels(compiled)
+    exe = OpenCLExecutable(compiled.executable.program, {kern.name: GpuSchedule("decode", threads=threads)})
+    assert "decode" in next(r.source for r in exe.rendered.kernels if r.name == kern.name)
+    for at in ((300, -1) if seen else (None,)):
+        call = (q, k, v, torch.tensor(at)) if seen else args
+        ins = [np.asarray(a.numpy()) for a in call]
+        (got,) = exe.run(ins)
+        np.testing.assert_allclose(got, net(*call).detach().numpy(), rtol=1e-4, atol=2e-5, equal_nan=True)
+        if at == -1:
+            assert np.all(got == 0) if model == "safe" else np.isnan(got).all()

@@ -108,8 +108,9 @@ def render_kernel(kernel: Kernel, buffers: dict[str, Buffer], dialect: Dialect |
     if sched.strategy == "mma" and (d.matrix_unit != "wmma" or mma_operands(kernel) is None):
         raise EclatError(f"kernel {kernel.name} cannot use the mma strategy in {d.name}: it needs a "
                          f"contraction of float16, bfloat16 or float32 operands and a dialect with WMMA")
-    if sched.strategy == "attention" and as_attention(kernel) is None:
-        raise EclatError(f"kernel {kernel.name} is not an attention: it cannot use the attention strategy")
+    if sched.strategy in ("attention", "decode") and as_attention(kernel) is None:
+        raise EclatError(f"kernel {kernel.name} is not an attention: it cannot use the {sched.strategy} "
+                         f"strategy")
     if sched.vector > 1 and not vector_ok(kernel, sched.vector):
         sched = replace(sched, vector=1)
     for b in {x.buffer for x in loads(kernel.body)} | {kernel.out}:
@@ -482,15 +483,8 @@ class _Emitter:
         self.line(f"const int e = gid * {t} + lid;")
         self.open("" if staged else f"if (e < {rows})")  # staged: rows fill every group (barriers)
         self.unravel("e", list(range(len(k.shape) - 1)))
-        self.line(f"float m = -{d.inf}, l = 0.0f, o[{dv}];")
-        self.line(f"for (int c = 0; c < {dv}; c++) o[c] = 0.0f;")
+        self._row_state(att)
         j = att.var.name
-        for load, (name, width, w) in self._row_loads(att).items():  # the query's row, read once
-            self.line(f"float {name}[{width}];")
-            self.open(f"for (int {w} = 0; {w} < {width}; {w}++)", (w,))
-            self.line(f"{name}[{w}] = {self.load(load)};")
-            self.close()
-            self.staged[load] = f"{name}[{w}]"
         if staged:
             bj = max(1, min(ATTENTION_TILE, att.size,
                             SHARED_FLOATS // sum(width for _, width, _ in staged.values())))
@@ -509,17 +503,7 @@ class _Emitter:
             self.staged |= {load: f"{smem}[jj * {width} + {w}]" for load, (smem, width, w) in staged.items()}
         else:
             self.open(f"for (int {j} = 0; {j} < {att.size}; {j}++)", (j,))
-        x = self.emit(att.x)
-        exp2, log2e = d.math["exp2"], self.literal(att.scale, DType.float32)
-        # a NaN score leaves the max alone and makes its term NaN; a row of -inf so far shifts by 0
-        self.line(f"const float mn = {x} > m ? {x} : m;")
-        self.line(f"const float sh = mn == -{d.inf} ? 0.0f : mn;")
-        self.line(f"const float al = {exp2}((m - sh) * {log2e}), p = {exp2}(({x} - sh) * {log2e});")
-        self.line("l = l * al + p;")
-        self.line("m = mn;")
-        self.open(f"for (int {last} = 0; {last} < {dv}; {last}++)", (last,))
-        self.line(f"o[{last}] = o[{last}] * al + p * {self.emit(att.v)};")
-        self.close()
+        self._online_step(att)
         self.close()
         self.staged = {}
         if staged:
@@ -530,6 +514,79 @@ class _Emitter:
         self.open(f"for (int {last} = 0; {last} < {dv}; {last}++)", (last,))
         self.store(f"o[{last}] * inv")
         self.close()
+        self.close()
+
+    def _decode(self) -> None:
+        """A work-group per query row (decode: one query a head), its threads taking the keys in
+        turn (thread lid the keys lid, lid + t, ...), each with an online softmax and an output row
+        of its own; the group then combines them (flash-decoding within a group): the threads' max
+        M, each thread's sum and row weighted by exp2((m - M) * scale), added in shared memory."""
+        k, t, d = self.k, self.s.threads, self.d
+        att = as_attention(k)
+        dv, last, j = k.shape[-1], f"i{len(k.shape) - 1}", att.var.name
+        self.groups = math.prod(k.shape[:-1])
+        self.ids()
+        self.unravel("gid", list(range(len(k.shape) - 1)))
+        self._row_state(att)
+        self.open(f"for (int {j} = lid; {j} < {att.size}; {j} += {t})", (j,))
+        self._online_step(att)
+        self.close()
+        part = self.shared_array(DType.float32, t, "part")
+        self.line(f"{part}[lid] = m;")
+        self.line(d.barrier)
+        self.line("float top = m;")
+        self.line(f"for (int s = 0; s < {t}; s++) top = {part}[s] > top ? {part}[s] : top;")
+        self.line(d.barrier)
+        self.line(f"const float w = {d.math['exp2']}((m - (top == -{d.inf} ? 0.0f : top)) * "
+                  f"{self.literal(att.scale, DType.float32)});")
+        self.line(f"{part}[lid] = w * l;")
+        self.line(d.barrier)
+        self.line("float total = 0.0f;")
+        self.line(f"for (int s = 0; s < {t}; s++) total += {part}[s];")
+        dead = f"top == -{d.inf} ? 0.0f : " if att.safe else ""
+        self.line(f"const float inv = {dead}1.0f / total;")
+        # the rows weighted, a chunk of columns at a time, then each column summed by one thread
+        width = max(1, min(dv, SHARED_FLOATS // t))
+        rows = self.shared_array(DType.float32, t * width, "rows")
+        self.open(f"for (int c0 = 0; c0 < {dv}; c0 += {width})")
+        self.open(f"for (int c = 0; c < {width} && c0 + c < {dv}; c++)")
+        self.line(f"{rows}[lid * {width} + c] = w * o[c0 + c];")
+        self.close()
+        self.line(d.barrier)
+        self.open(f"for (int c = lid; c < {width} && c0 + c < {dv}; c += {t})")
+        self.bind(last, "c0 + c")
+        self.line("float sum = 0.0f;")
+        self.line(f"for (int s = 0; s < {t}; s++) sum += {rows}[s * {width} + c];")
+        self.store("sum * inv")
+        self.close()
+        self.line(d.barrier)  # the chunk is read by all before the next is written
+        self.close()
+
+    def _row_state(self, att: Any) -> None:
+        """A query row's running max m, sum l and output o, and its own loads read once
+        (`_row_loads`), in registers."""
+        self.line(f"float m = -{self.d.inf}, l = 0.0f, o[{self.k.shape[-1]}];")
+        self.line(f"for (int c = 0; c < {self.k.shape[-1]}; c++) o[c] = 0.0f;")
+        for load, (name, width, w) in self._row_loads(att).items():  # the query's row, read once
+            self.line(f"float {name}[{width}];")
+            self.open(f"for (int {w} = 0; {w} < {width}; {w}++)", (w,))
+            self.line(f"{name}[{w}] = {self.load(load)};")
+            self.close()
+            self.staged[load] = f"{name}[{w}]"
+
+    def _online_step(self, att: Any) -> None:
+        """The key bound to att.var into the row's state: max, rescaled sum, rescaled output."""
+        d, dv, last = self.d, self.k.shape[-1], f"i{len(self.k.shape) - 1}"
+        x = self.emit(att.x)
+        exp2, log2e = d.math["exp2"], self.literal(att.scale, DType.float32)
+        # a NaN score leaves the max alone and makes its term NaN; a row of -inf so far shifts by 0
+        self.line(f"const float mn = {x} > m ? {x} : m;")
+        self.line(f"const float sh = mn == -{d.inf} ? 0.0f : mn;")
+        self.line(f"const float al = {exp2}((m - sh) * {log2e}), p = {exp2}(({x} - sh) * {log2e});")
+        self.line("l = l * al + p;")
+        self.line("m = mn;")
+        self.open(f"for (int {last} = 0; {last} < {dv}; {last}++)", (last,))
+        self.line(f"o[{last}] = o[{last}] * al + p * {self.emit(att.v)};")
         self.close()
 
     def _row_loads(self, att: Any) -> dict[Load, tuple[str, int, str]]:

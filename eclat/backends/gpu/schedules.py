@@ -25,9 +25,12 @@ from ...ir.dtypes import DType
 from ...ir.symbolic import Expr, Num, Var, terms
 from .dialects import Dialect
 
-STRATEGIES = ("flat", "row", "tile", "attention", "mma")
+STRATEGIES = ("flat", "row", "tile", "attention", "decode", "mma")
 ROW_MIN_REDUCE = 32  # a reduction at least this long gets a work-group of its own
 MATVEC_ROWS = 4  # a contraction with fewer rows (a decode step) and a long k: a work-group per output
+# an attention with fewer query rows (a decode step's heads) splits each row's keys among a work-group
+# by default: a thread per row would make under 8 groups of 64 (not yet timed on a GPU)
+DECODE_ROWS = 512
 MAX_THREADS = 256
 FRAGMENT = 16  # the m and n of a WMMA fragment (16x16x16 for 16-bit operands, 16x16x8 for tf32)
 MMA_SHARED_BYTES = 48 * 1024  # a block's static shared memory (cuda/nvcc.py): larger mma tiles are left out
@@ -204,6 +207,14 @@ def attention_kernel(kernel: Kernel) -> bool:
     return kernel.body.dtype is DType.float32 and as_attention(kernel) is not None
 
 
+def _attention_schedules(kernel: Kernel) -> list[GpuSchedule]:
+    """A thread per query row, or, where the rows are too few to fill a GPU with threads of their
+    own (decode: a query a head), first a work-group per row splitting its keys (the decode strategy)."""
+    per_row = [GpuSchedule("attention", threads=t) for t in (64, 32, 128, 256)]
+    split = [GpuSchedule("decode", threads=t) for t in (128, 64, 256)]
+    return split + per_row if math.prod(kernel.shape[:-1]) < DECODE_ROWS else per_row + split
+
+
 # (TM, TN, TK, WY, WX) of the mma strategy: the default's three sizes (see default_gpu_schedule),
 # then rectangular tiles, a deeper k, and few rows (a batch of 16). Each thread prefetches at most
 # TK * (TM + TN) / threads <= 32 operand values into registers: with more, ptxas (sm_80, sm_90) ran
@@ -217,7 +228,7 @@ def default_gpu_schedule(kernel: Kernel, dialect: Dialect | None = None) -> GpuS
     """The schedule kernel runs with untuned, on dialect (None: one without a matrix unit): a
     16-bit contraction runs on tensor cores where the dialect has them, float32 never by default."""
     if attention_kernel(kernel):
-        return GpuSchedule("attention", threads=64)
+        return _attention_schedules(kernel)[0]
     c = tile_contraction(kernel)
     m = kernel.shape[c.m_axis] if c is not None and c.m_axis is not None else 1
     if c is not None and (m >= MATVEC_ROWS or c.reduce.size < ROW_MIN_REDUCE * 4):
@@ -243,7 +254,7 @@ def gpu_schedule_space(kernel: Kernel, dialect: Dialect | None = None,
     default first. mma schedules where dialect has a matrix unit and the operands are 16-bit, or
     float32 where TF32 is allowed (tf32; None: `tf32_allowed()`), those that fit shared memory."""
     if attention_kernel(kernel):  # as plain loops, each score would be computed per output column
-        return [GpuSchedule("attention", threads=t) for t in (64, 32, 128, 256)]
+        return _attention_schedules(kernel)
     out = [default_gpu_schedule(kernel, dialect)]
     mc = mma_contraction(kernel, dialect, tf32)
     if mc is not None:
