@@ -316,7 +316,7 @@ def test_keys_repeated_from_an_updated_cache_are_read_from_a_buffer():
     """The repeated keys are read through the repeat from the updated cache, which is computed into
     a buffer of its own: inlined, its update (a gather over the new rows) ran inside the
     attention's loops, which the CPU then ran as plain loops, 100x slower."""
-    from eclat.backends.cpu.attention import attention_parts
+    from eclat.backends.cpu.attention_plan import attention_parts
 
     torch.manual_seed(4)
     model, twin = GroupedCache().eval(), GroupedCache().eval()
@@ -541,7 +541,7 @@ class MaskedDecode(torch.nn.Module):
 
 def _split(compiled: eclat.CompiledModel) -> list[int]:
     """The key parts of the program's attention kernels as the CPU runs them."""
-    from eclat.backends.cpu.attention import key_parts
+    from eclat.backends.cpu.attention_plan import key_parts
     from eclat.backends.cpu.runtime import layout
 
     code, _ = layout(compiled.executable.program)
@@ -558,6 +558,8 @@ def test_a_decode_splits_its_keys_among_threads_where_the_heads_would_load_them_
     that finishes last combines (flash-decoding). Scores in the hundreds, a partial last block, a
     constant causal mask (3 queries at the cache's end), a run-time mask hiding most keys or all of
     them; called repeatedly, as the threads race to finish last."""
+    from eclat.backends.cpu.schedules import schedule_space
+
     torch.manual_seed(12)
     q = 20 * torch.randn(1, heads, queries, 64)
     k, v = torch.randn(1, heads, keys, 64), torch.randn(1, heads, keys, 64)
@@ -566,6 +568,8 @@ def test_a_decode_splits_its_keys_among_threads_where_the_heads_would_load_them_
     args = (q, k, v, torch.tensor(300)) if seen else (q, k, v)
     compiled = eclat.compile(net, args, threads=2, autotune="none", quiet=True, k=1)
     assert _split(compiled) and all(p > 1 for p in _split(compiled))
+    (kern,) = _attention_kernels(compiled)  # a tuning search times the keys in parts and whole
+    assert {s.depth > 0 for s in schedule_space(kern, threads=2)} == {True, False}
     for at in ((300, 0, keys - 1, -1) if seen else (None,)):
         call = (q, k, v, torch.tensor(at)) if seen else args
         want = net(*call).detach().numpy()

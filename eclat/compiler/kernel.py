@@ -484,7 +484,8 @@ class Schedule:
     a contraction's vectors run along its rows instead (`transposed`), its tile counted that way;
     depth: a contraction's reduction runs in chunks of this many steps, each over every row block
     of a panel before the next (0: the whole reduction at once), so that the panel's chunk stays in
-    the L1 cache while the row blocks read it."""
+    the L1 cache while the row blocks read it; a decode attention's keys run in parts of about this
+    many, each a slice of the outer loop, combined at the end (backends/cpu/attention.py)."""
 
     tile: tuple[int, int] = (1, 1)
     unroll: int = 1

@@ -28,7 +28,7 @@ class CpuTarget(Target):
 
     def runs_fused(self, kernel: Kernel) -> bool:
         from . import host
-        from .attention import attention_parts
+        from .attention_plan import attention_parts
 
         att = as_attention(kernel)
         return att is None or attention_parts(att, kernel, host.vector_lanes()) is not None

@@ -11,8 +11,9 @@ adds the block's probabilities times its values. The rows are normalised once at
 The query rows are the kernel's last outer axis when neither keys nor values read it (prefill);
 otherwise each outer position is one row of its own (decode: one query per head).
 
-A decode whose heads would load the threads unevenly or leave one idle (1 to 3 heads on 2 threads)
-splits its keys into parts (flash-decoding, `key_parts`): each part is a slice of the outer loop
+A decode whose schedule says so (`Schedule.depth`: keys a part; by default where its heads would
+load the threads unevenly or leave one idle, 1 to 3 heads on 2 threads) splits its keys into parts
+(flash-decoding, `key_parts`): each part is a slice of the outer loop
 that writes its rows unnormalised, with their max and sum, to a scratch buffer the caller zeroes
 (`split_keys` adds it at layout); the part that finishes last for a head (a counter per head,
 incremented atomically) combines the head's parts into the output.
@@ -39,14 +40,14 @@ from ...compiler.kernel import (
     Load,
     Op,
     Program,
-    as_attention,
     axis_vars,
     free_vars,
     walk,
 )
 from ...ir.dtypes import DType
-from ...ir.symbolic import Num, Var, evaluate, terms, upper
+from ...ir.symbolic import Num, evaluate, upper
 from . import host
+from .attention_plan import DIRECT_BELOW, key_parts, rows_axis
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function
@@ -64,8 +65,6 @@ from .scalar import (
     vector_ptr,
 )
 
-# Fewer query rows than this (decode: one per head) read keys and values in place, not in panels
-DIRECT_BELOW = 6
 SCRATCH_FLOATS = 8192  # a block of keys, transposed: d x BJ floats (32 KB: L1)
 STATE_FLOATS = 4096  # about this many query rows in flight, their running max and sum on the stack (32 KB)
 MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
@@ -73,7 +72,6 @@ MAX_TABLE = 1 << 22  # live-block table entries (one byte each) worth making
 # it (its scores need no mask: a causal mask below the diagonal; T=2048 causal, a Xeon: 32.4 -> 27.3 ms)
 HIDDEN, LIVE, UNMASKED = 0, 1, 2
 MASK_TABLE = 1 << 16  # entries of a run-time mask's table (on the stack)
-MIN_PART_KEYS = 256  # fewest keys a part of a split decode takes (its combine costs a row's worth)
 
 
 def block_rows(registers: int) -> int:
@@ -81,63 +79,6 @@ def block_rows(registers: int) -> int:
     each beside 2 key (or value) vectors and a broadcast row value: 6 of 16 registers (AVX2), 14 of
     32 (AVX-512; T=2048 causal attention on a Xeon: 33.6 against 37.4 ms at 6 rows)."""
     return (registers - 3) // 2
-
-
-def attention_parts(att: Attention | None, kernel: Kernel, lanes: int) -> tuple[Load, Load] | None:
-    """(query factor, key factor) of att's score contraction when the CPU kernel runs it: float32,
-    values read as whole vectors along the last axis, a contraction of a query row (no key variable)
-    against a key row (no query-row variable); None otherwise (the generic loops run it)."""
-    if att is None or att.score is None or kernel.body.dtype is not DType.float32:
-        return None
-    rows = len(kernel.shape) - 2  # the query rows and the keys may be run-time sizes; the rest not
-    if not all(isinstance(n, int) for a, n in enumerate(kernel.shape) if a != rows) or \
-            not isinstance(att.score.size, int):
-        return None
-    last = f"i{len(kernel.shape) - 1}"
-    v = att.v
-    if not (isinstance(v, Load) and v.valid == Num(1) and kernel.shape[-1] % lanes == 0
-            and sum(c for c, a in terms(v.index) if isinstance(a, Var) and a.name == last) == 1):
-        return None
-    body = att.score.body
-    if not (isinstance(body, Op) and body.op == "mul" and all(isinstance(s, Load) and s.valid == Num(1)
-                                                              for s in body.srcs)):
-        return None
-    q, k = body.srcs if att.var.name not in free_vars(body.srcs[0]) else body.srcs[::-1]
-    if att.var.name in free_vars(q) or att.var.name not in free_vars(k) or last in free_vars(k):
-        return None
-    return q, k
-
-
-
-def rows_axis(kernel: Kernel, k_row: Load, v: KExpr) -> int | None:
-    """The axis of the query rows: the kernel's last outer axis when it has more than one position
-    and neither the keys nor the values read it (prefill); None (each outer position one row)."""
-    last = len(kernel.shape) - 2
-    reads = free_vars(k_row) | free_vars(v)
-    if last >= 0 and upper(kernel.shape[last]) > 1 and axis_vars(kernel.shape)[last].name not in reads:
-        return last
-    return None
-
-
-def key_parts(kernel: Kernel) -> int:
-    """Parts the keys of a decode attention (fewer than DIRECT_BELOW query rows a head, a known number)
-    are split into: the fewest that give every thread as many slices and each at least two, where
-    the heads alone do not (1 head on 2 threads: 4 parts; 3 heads: 2), each part MIN_PART_KEYS keys
-    or more. 1: not split. Depends on the kernel and its schedule alone (the memory plan an artifact
-    derives at load follows it), not on the host's vector width."""
-    threads = getattr(kernel.schedule, "threads", 1)
-    att = as_attention(kernel)
-    parts = attention_parts(att, kernel, 1)
-    if threads <= 1 or parts is None:
-        return 1
-    rows = rows_axis(kernel, parts[1], att.v)
-    if rows is not None and not (isinstance(kernel.shape[rows], int) and kernel.shape[rows] < DIRECT_BELOW):
-        return 1
-    heads = [a for a in range(len(kernel.shape) - 1) if a != rows]
-    slices = kernel.shape[heads[0]] if heads else 1
-    split = next(p for p in range(1, 2 * threads + 1)
-                 if slices * p % threads == 0 and slices * p >= 2 * threads)
-    return max(1, min(split, upper(att.size) // MIN_PART_KEYS))
 
 
 def split_keys(program: Program) -> Program:

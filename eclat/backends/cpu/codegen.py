@@ -32,7 +32,8 @@ from ...compiler.kernel import Buffer, Kernel, Program, as_attention, bytes_move
 from ...compiler.memplan import MemoryPlan
 from ...ir.symbolic import Num, Var, sint, size_from_json, size_to_json, upper
 from . import code_store, host
-from .attention import AttentionEmitter, attention_parts
+from .attention import AttentionEmitter
+from .attention_plan import attention_parts
 from .contraction import PACKED, ContractionEmitter, contraction_of
 from .emitter import INDEX_OPS, KERNEL_TYPE, SIZES, KernelEmitter
 from .jit import code_environment, prepared_text

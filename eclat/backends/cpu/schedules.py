@@ -21,6 +21,7 @@ from dataclasses import replace
 from ...compiler.kernel import Kernel, KExpr, Load, Schedule, as_contraction, loads, transposed
 from ...ir.symbolic import upper
 from . import host
+from .attention_plan import default_key_depth
 
 # (rows, vectors) for 16 vector registers; the first is the default
 GEMM_VECTOR_TILES = [(6, 2), (4, 2), (8, 1), (4, 3), (3, 4), (2, 4), (6, 1), (12, 1)]
@@ -231,7 +232,7 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     lanes, registers = _defaults(lanes, registers)
     plain, flip = _sizes(kernel), _sizes(kernel, flip=True)
     if plain is None:
-        return Schedule(threads=threads)
+        return Schedule(threads=threads, depth=default_key_depth(kernel, threads))
     best = Schedule(tile=_tile_for(plain[0], lanes, registers), threads=threads)
     if flip is not None:
         turned = Schedule(tile=_tile_for(flip[0], lanes, registers), threads=threads, transposed=True)
@@ -253,6 +254,8 @@ def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     only the default for a matrix-vector product that reads another program's packed weight."""
     lanes, registers = _defaults(lanes, registers)
     base = default_schedule(kernel, threads, lanes, registers, weights, caches)
+    if base.depth and _sizes(kernel) is None:  # a decode attention's keys in parts, in one, on one thread
+        return [base, replace(base, depth=0), replace(base, threads=1, depth=0)]
     held = _on_held_panels(kernel, base, lanes, registers, held_width)
     if held is not None:
         return [held]
