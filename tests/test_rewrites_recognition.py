@@ -260,6 +260,35 @@ def test_a_softmax_contracted_with_values_is_one_pass_whatever_made_the_scores(v
     np.testing.assert_allclose(run(best, [q.numpy(), k.numpy(), v.numpy()])[0], want, rtol=1e-4, atol=1e-5)
 
 
+class _ScaledProbabilities(nn.Module):
+    """Probabilities scaled after the softmax, then contracted with values (a scale on either side of
+    the product)."""
+
+    def __init__(self, values_first: bool):
+        super().__init__()
+        self.values_first = values_first
+
+    def forward(self, q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) * 0.5
+        return (v.transpose(-1, -2) @ p.transpose(-1, -2)).transpose(-1, -2) if self.values_first else p @ v
+
+
+@pytest.mark.parametrize("values_first, queries", [(False, 1), (False, 7), (True, 7)])
+def test_probabilities_scaled_after_the_softmax_still_make_one_pass(values_first: bool, queries: int):
+    """The scale moves past the product (algebra's product-scale-out), so what is left is a softmax
+    contracted with values: one attend, the scale applied to its output. (Values first with one
+    query is not one pass even unscaled: no rule reads that product's probabilities as rows.)"""
+    torch.manual_seed(queries)
+    q, k, v = torch.randn(1, 2, queries, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
+    model = _ScaledProbabilities(values_first)
+    best = optimize(lower(model, (q, k, v)), "cpu", k=2).candidates[0]
+    counts = best.op_counts()
+    assert counts.get("attend") == 1 and "softmax" not in counts, counts
+    with torch.no_grad():
+        want = model(q, k, v).numpy()
+    np.testing.assert_allclose(run(best, [q.numpy(), k.numpy(), v.numpy()])[0], want, rtol=1e-4, atol=1e-5)
+
+
 def test_the_one_pass_rule_holds_for_one_row():
     """The rule's soundness check (tests/test_rewrites.py) on one query row as well: a product with
     no row axis to broadcast, which only the frontend's form has (no Matmul is recognised)."""

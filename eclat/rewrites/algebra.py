@@ -56,6 +56,16 @@ def _sum_of_broadcast() -> Graph:
     return Graph([x], [g.reduce("sum", wide, 1)], {})
 
 
+def _scaled_product(swapped: bool) -> Graph:
+    """(x * 0.5) [2, 3] @ w [3, 4] as the frontend writes a product: both read as [2, 4, 3], multiplied,
+    summed over the last axis (the scaled operand second when swapped)."""
+    x, w = g.input_("x", (2, 3)), g.input_("w", (3, 4))
+    scaled = g.binary("mul", x, g.expand_to(g.const(0.5), (2, 3)))
+    xe = g.movement(scaled, lambda v: v.reshape((2, 1, 3)).expand((2, 4, 3)))
+    we = g.movement(w, lambda v: v.permute([1, 0]).reshape((1, 4, 3)).expand((2, 4, 3)))
+    return Graph([x, w], [g.reduce("sum", g.binary("mul", *((we, xe) if swapped else (xe, we))), 2)], {})
+
+
 def _view_of_fill() -> Graph:
     """x - 3 as the frontend writes it: the negated scalar broadcast to x's shape."""
     x = g.input_("x", (2, 3))
@@ -144,6 +154,15 @@ EXPLOSIVE = RuleSet("assoc", (
     # a reduction of a scaled tensor is the scaled reduction: one multiply per output, not per input
     Rule("sum-scale", "(Sum (Mul x (Fill a d s)) r)", "(Mul (Sum x r) (Fill a d s2))", ("(= s2 (drop s r))",),
          example={**F, "a": 0.25, "r": 1}),
+    # likewise a product one of whose operands is scaled before the view that reads it: the scale
+    # moves past the contraction (softmax's probabilities scaled, then multiplied by values, are
+    # then a softmax contracted with values: one attention kernel, rewrites/online.py)
+    Rule("product-scale-out", "(Sum (Mul (View (Mul x (Fill a d s)) v) y) r)",
+         "(Mul (Sum (Mul (View x v) y) r) (Fill a d s2))", ("(= s2 (drop (shp y) r))",),
+         example=lambda: _scaled_product(False)),
+    Rule("product-scale-out-swapped", "(Sum (Mul y (View (Mul x (Fill a d s)) v)) r)",
+         "(Mul (Sum (Mul y (View x v)) r) (Fill a d s2))", ("(= s2 (drop (shp y) r))",),
+         example=lambda: _scaled_product(True)),
 ), explosive=True)
 
 
