@@ -69,9 +69,9 @@ def test_a_short_search_groups_only_the_candidates_it_may_time(monkeypatch):
     assert len(grouped) == 2 * few["extracted"]  # under the cap: every candidate, both ways
 
 
-def test_grouping_that_takes_its_time_stops_after_two_candidates(monkeypatch):
-    """A long recurrence's candidates take seconds each to group: once grouping has taken
-    GROUPING_SECONDS, no candidate past the second is grouped, and the rest are reported pruned."""
+def test_grouping_that_takes_its_time_stops_after_the_first_candidate(monkeypatch):
+    """A long recurrence's candidates take tens of seconds each to group: once grouping has taken
+    GROUPING_SECONDS, no candidate past the first is grouped, and the rest are reported pruned."""
     grouped = []
     real = pipeline.group
     monkeypatch.setattr(pipeline, "group", lambda graph, fused: grouped.append(graph) or real(graph, fused))
@@ -79,8 +79,8 @@ def test_grouping_that_takes_its_time_stops_after_two_candidates(monkeypatch):
     model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
     compiled = eclat.compile(model, inputs, autotune="none", k=8, quiet=True)
     stats = compiled.report()["candidates"]
-    assert stats["extracted"] > 2 and len({id(g) for g in grouped}) == 2
-    assert stats["pruned"] >= stats["extracted"] - 2
+    assert stats["extracted"] > 2 and len({id(g) for g in grouped}) == 1
+    assert stats["pruned"] >= stats["extracted"] - 1
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
 

@@ -37,6 +37,7 @@ These rules are applied until nothing changes. Weights become constant buffers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from collections.abc import Sequence
@@ -496,6 +497,13 @@ def unravel(flat: Expr, shape: Sequence[sint]) -> tuple[Expr, ...]:
     """Row-major multi-index of a flat index into shape. The first axis of more than one element
     needs no remainder (a flat index is below the size): a size known only at run time would
     make it a division per element."""
+    return _unravel(flat, tuple(shape))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _unravel(flat: Expr, shape: tuple[sint, ...]) -> tuple[Expr, ...]:
+    # grouping asks the same of each view in every attempt and candidate (a 20-step LSTM's compile:
+    # 39,099 calls, 2,579 distinct; each a few divisions of symbolic expressions)
     out = []
     first = True
     for n, s in zip(shape, contiguous_strides(shape)):

@@ -61,8 +61,9 @@ AUTOTUNE_MODES = ("none", "fast", "full")
 # programs timed at most, best roofline estimates first ("none", which tunes no schedule, races two:
 # resnet18's compile took 10.5 s, 4 of them building and timing its four candidates)
 RACED = {"fast": 4, "none": 2}
-# seconds grouping may take before no more candidates are grouped (two at least; "full" groups all):
-# a long recurrence's candidates (an LSTM over 100 steps) take seconds each
+# seconds grouping may take before no more candidates are grouped (one at least; "full" groups all):
+# a long recurrence's candidates take tens of seconds each (a bidirectional LSTM over 50 steps: 39 s,
+# and a second one the same again for a program that timed alike)
 GROUPING_SECONDS = 30.0
 # Timing the tuned build against the untuned one in turns holds both. Where the tuned schedules read
 # at least this many bytes of weights in other ways (packed at other panel widths), the untuned build
@@ -406,13 +407,13 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
     target's fused kernels (attention in one kernel) and, where that made any, without them too: the
     search times both. fused: only that grouping (a remembered choice); shapes: the example inputs'
     (a program with run-time sizes is estimated at theirs, as it is timed); enough: no candidate is
-    grouped once this many programs are, or past the second once grouping has taken GROUPING_SECONDS
+    grouped once this many programs are, or past the first once grouping has taken GROUPING_SECONDS
     (the e-graph's cheapest first: grouping a language model's candidate takes seconds, and a "fast"
     search times only the best few)."""
     programs = []
     start = time.perf_counter()
     for n, cand in enumerate(candidates):
-        late = n >= 2 and time.perf_counter() - start > GROUPING_SECONDS
+        late = n >= 1 and time.perf_counter() - start > GROUPING_SECONDS
         if enough is not None and (len(programs) >= enough or late):
             break
         for with_fused in (True, False) if fused is None else (fused,):
