@@ -249,9 +249,14 @@ def test_a_softmax_contracted_with_values_is_one_pass_whatever_made_the_scores(v
     the model does."""
     from tests.test_attention import Scores
 
+    _assert_one_pass(Scores(variant, queries, 24).eval(), queries)
+
+
+def _assert_one_pass(model: nn.Module, queries: int) -> None:
+    """The e-graph's best candidate for model over [1, 2, queries, 16] queries and 24 keys holds one
+    attend and no softmax, and computes what the model does."""
     torch.manual_seed(queries)
     q, k, v = torch.randn(1, 2, queries, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
-    model = Scores(variant, queries, 24).eval()
     best = optimize(lower(model, (q, k, v)), "cpu", k=2).candidates[0]
     counts = best.op_counts()
     assert counts.get("attend") == 1 and "softmax" not in counts, counts
@@ -278,15 +283,7 @@ def test_probabilities_scaled_after_the_softmax_still_make_one_pass(values_first
     """The scale moves past the product (algebra's product-scale-out), so what is left is a softmax
     contracted with values: one attend, the scale applied to its output. (Values first with one
     query is not one pass even unscaled: no rule reads that product's probabilities as rows.)"""
-    torch.manual_seed(queries)
-    q, k, v = torch.randn(1, 2, queries, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
-    model = _ScaledProbabilities(values_first)
-    best = optimize(lower(model, (q, k, v)), "cpu", k=2).candidates[0]
-    counts = best.op_counts()
-    assert counts.get("attend") == 1 and "softmax" not in counts, counts
-    with torch.no_grad():
-        want = model(q, k, v).numpy()
-    np.testing.assert_allclose(run(best, [q.numpy(), k.numpy(), v.numpy()])[0], want, rtol=1e-4, atol=1e-5)
+    _assert_one_pass(_ScaledProbabilities(values_first), queries)
 
 
 def test_the_one_pass_rule_holds_for_one_row():
