@@ -13,10 +13,10 @@ otherwise each outer position is one row of its own (decode: one query per head)
 
 A decode whose schedule says so (`Schedule.depth`: keys a part; by default where its heads would
 load the threads unevenly or leave one idle, 1 to 3 heads on 2 threads) splits its keys into parts
-(flash-decoding, `key_parts`): each part is a slice of the outer loop
-that writes its rows unnormalised, with their max and sum, to a scratch buffer the caller zeroes
-(`split_keys` adds it at layout); the part that finishes last for a head (a counter per head,
-incremented atomically) combines the head's parts into the output.
+(flash-decoding, attention_plan.py): each part is a slice of the outer loop that writes its rows
+unnormalised, with their max and sum, to a scratch buffer the caller zeroes (`split_keys` adds it
+at layout); the part that finishes last for a head (a counter per head, incremented atomically)
+combines the head's parts into the output.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import replace
 
 import llvmlite.ir as ir
 import numpy as np
@@ -39,7 +38,6 @@ from ...compiler.kernel import (
     KExpr,
     Load,
     Op,
-    Program,
     axis_vars,
     free_vars,
     walk,
@@ -79,22 +77,6 @@ def block_rows(registers: int) -> int:
     each beside 2 key (or value) vectors and a broadcast row value: 6 of 16 registers (AVX2), 14 of
     32 (AVX-512; T=2048 causal attention on a Xeon: 33.6 against 37.4 ms at 6 rows)."""
     return (registers - 3) // 2
-
-
-def split_keys(program: Program) -> Program:
-    """program with a scratch buffer for each attention whose keys `key_parts` splits: per head
-    (every outer position but the rows), part and row, the row's unnormalised output, its max and
-    its sum; then an int32 counter per slice of the first head axis."""
-    kernels = list(program.kernels)
-    for j, k in enumerate(kernels):
-        parts = key_parts(k)
-        if parts == 1:
-            continue
-        name = f"keyparts{j}_{k.out}"
-        outer = math.prod(k.shape[:-1])  # heads x rows; as many counters (slices are fewer or as many)
-        program.buffers[name] = Buffer(name, outer * parts * (k.shape[-1] + 2) + outer, DType.float32, "temp")
-        kernels[j] = replace(k, scratch=name)
-    return replace(program, kernels=kernels)
 
 
 def _addends(x: KExpr) -> list[KExpr]:
@@ -485,7 +467,7 @@ class AttentionEmitter(KernelEmitter):
         this part's rows and acquires the others'."""
         b = self.b
         counters = math.prod(self.k.shape[:-1]) * self.key_parts * (self.k.shape[-1] + 2)
-        at = b.gep(self.out_ptr, [b.add(i64(counters), i)], source_etype=F32)
+        at = b.gep(self.ptr[self.k.scratch], [b.add(i64(counters), i)], source_etype=F32)
         done = b.atomic_rmw("add", at, ir.Constant(I32, 1), "acq_rel")
         with b.if_then(b.icmp_signed("==", done, ir.Constant(I32, self.key_parts - 1))), self.scope.nested():
             combine()

@@ -6,7 +6,21 @@ the schedules' neighbours."""
 
 from __future__ import annotations
 
-from ...compiler.kernel import Attention, Kernel, KExpr, Load, Op, as_attention, axis_vars, free_vars
+import math
+from dataclasses import replace
+
+from ...compiler.kernel import (
+    Attention,
+    Buffer,
+    Kernel,
+    KExpr,
+    Load,
+    Op,
+    Program,
+    as_attention,
+    axis_vars,
+    free_vars,
+)
 from ...ir.dtypes import DType
 from ...ir.symbolic import Num, Var, terms, upper
 
@@ -89,3 +103,19 @@ def key_parts(kernel: Kernel) -> int:
     if depth <= 0 or _decode_slices(kernel) is None:
         return 1
     return max(1, -(-upper(as_attention(kernel).size) // depth))
+
+
+def split_keys(program: Program) -> Program:
+    """program with a scratch buffer for each attention whose keys `key_parts` splits: per head
+    (every outer position but the rows), part and row, the row's unnormalised output, its max and
+    its sum; then an int32 counter per slice of the first head axis."""
+    kernels = list(program.kernels)
+    for j, k in enumerate(kernels):
+        parts = key_parts(k)
+        if parts == 1:
+            continue
+        name = f"keyparts{j}_{k.out}"
+        outer = math.prod(k.shape[:-1])  # heads x rows; as many counters (slices are fewer or as many)
+        program.buffers[name] = Buffer(name, outer * parts * (k.shape[-1] + 2) + outer, DType.float32, "temp")
+        kernels[j] = replace(k, scratch=name)
+    return replace(program, kernels=kernels)

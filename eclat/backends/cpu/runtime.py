@@ -16,7 +16,7 @@ from ...compiler.kernel import Program, Schedule, loads
 from ...compiler.memplan import ALIGN, MemoryPlan, elided_concatenations, plan_memory
 from ...errors import EclatError
 from ...ir.symbolic import bind_sizes, evaluate
-from .attention import split_keys
+from .attention_plan import split_keys
 from .codegen import build_module, packed_copies
 from .emitter import SIZES
 from .jit import Jitted, one_thread_warning
