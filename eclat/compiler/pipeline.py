@@ -62,8 +62,8 @@ AUTOTUNE_MODES = ("none", "fast", "full")
 # resnet18's compile took 10.5 s, 4 of them building and timing its four candidates)
 RACED = {"fast": 4, "none": 2}
 # seconds grouping may take before no more candidates are grouped (one at least; "full" groups all):
-# a long recurrence's candidates take tens of seconds each (a bidirectional LSTM over 50 steps: 39 s,
-# and a second one the same again for a program that timed alike)
+# a long recurrence's candidates take tens of seconds each (benchmarks/recurrent.py's LSTM over 100
+# steps: 32 s), and a second one the same again for a program that timed alike
 GROUPING_SECONDS = 30.0
 # Timing the tuned build against the untuned one in turns holds both. Where the tuned schedules read
 # at least this many bytes of weights in other ways (packed at other panel widths), the untuned build
