@@ -45,7 +45,7 @@ from ...compiler.kernel import (
 from ...ir.dtypes import DType
 from ...ir.symbolic import Num, evaluate, upper
 from . import host
-from .attention_plan import DIRECT_BELOW, key_parts, rows_axis
+from .attention_plan import DIRECT_BELOW, counters_at, key_parts, rows_axis
 from .contraction import PACKED
 from .emitter import KernelEmitter
 from .mathlib import math_function
@@ -466,8 +466,8 @@ class AttentionEmitter(KernelEmitter):
         head axis: its counter (zeroed by the caller) counts the parts done. The increment releases
         this part's rows and acquires the others'."""
         b = self.b
-        counters = math.prod(self.k.shape[:-1]) * self.key_parts * (self.k.shape[-1] + 2)
-        at = b.gep(self.ptr[self.k.scratch], [b.add(i64(counters), i)], source_etype=F32)
+        at = b.gep(self.ptr[self.k.scratch], [b.add(i64(counters_at(self.k, self.key_parts)), i)],
+                   source_etype=F32)
         done = b.atomic_rmw("add", at, ir.Constant(I32, 1), "acq_rel")
         with b.if_then(b.icmp_signed("==", done, ir.Constant(I32, self.key_parts - 1))), self.scope.nested():
             combine()

@@ -105,6 +105,12 @@ def key_parts(kernel: Kernel) -> int:
     return max(1, -(-upper(as_attention(kernel).size) // depth))
 
 
+def counters_at(kernel: Kernel, parts: int) -> int:
+    """Where the counters start in a split attention's scratch: after a row of dv + 2 (its output,
+    max and sum) per head, part and query row."""
+    return math.prod(kernel.shape[:-1]) * parts * (kernel.shape[-1] + 2)
+
+
 def split_keys(program: Program) -> Program:
     """program with a scratch buffer for each attention whose keys `key_parts` splits: per head
     (every outer position but the rows), part and row, the row's unnormalised output, its max and
@@ -116,6 +122,6 @@ def split_keys(program: Program) -> Program:
             continue
         name = f"keyparts{j}_{k.out}"
         outer = math.prod(k.shape[:-1])  # heads x rows; as many counters (slices are fewer or as many)
-        program.buffers[name] = Buffer(name, outer * parts * (k.shape[-1] + 2) + outer, DType.float32, "temp")
+        program.buffers[name] = Buffer(name, counters_at(k, parts) + outer, DType.float32, "temp")
         kernels[j] = replace(k, scratch=name)
     return replace(program, kernels=kernels)
