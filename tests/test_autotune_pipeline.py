@@ -85,6 +85,18 @@ def test_grouping_that_takes_its_time_stops_after_the_first_candidate(monkeypatc
         torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-3, atol=1e-4)
 
 
+def test_a_compile_whose_every_candidate_fails_to_group_says_why(monkeypatch):
+    """Where grouping fails for every candidate, the error names what failed (it was a ValueError
+    from an empty max() in the pipeline's own bookkeeping)."""
+    def broken(graph, fused):
+        raise RuntimeError("grouping broke here")
+
+    monkeypatch.setattr(pipeline, "group", broken)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    with pytest.raises(eclat.EclatError, match="grouping broke here"):
+        eclat.compile(model, (torch.randn(2, 4),), autotune="none", quiet=True)
+
+
 def test_no_autotuning_still_ranks_candidates_on_the_measured_device(tmp_path, monkeypatch):
     """autotune="none" tunes no schedule and keeps no choice, but the e-graph ranks its candidates
     by this machine's roofline, not a default one: on a host whose peak is twice the default's, a

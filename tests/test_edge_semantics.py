@@ -434,3 +434,32 @@ def test_log_softmax_and_variance_keep_their_accuracy_far_from_zero(target: str)
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=name)
             ulp = np.spacing(np.float32(np.abs(e).max()))  # float32's resolution at the largest output
             assert np.abs(g - e).max() <= np.abs(w - e).max() * 2 + 2 * ulp, name
+
+
+class Empties(torch.nn.Module):
+    """Values with no elements in the middle of a model: an empty slice concatenated and summed
+    over, a product over an empty reduction, a mean over nothing, and a 3-d convolution over a clip
+    of one frame (swin3d's window padding of a short clip slices nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(6)
+        self.conv = torch.nn.Conv3d(2, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, clip: torch.Tensor) -> tuple:
+        none = x[:, :, 3:3]
+        return (torch.cat([none * 2, x], 2).relu(), none.sum(2), none.mean(2) + 1,
+                x[:, 0, :0] @ x[0, :0] + 1, x[:, 1:1] + 1, self.conv(clip))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_values_with_no_elements_compute_nothing_and_crash_nothing(target: str) -> None:
+    """Grouping divided by an empty axis's size, and the e-graph's measure of rereads by an empty
+    view's span: the compile crashed (swin3d_t on a 4-frame clip)."""
+    x, clip = torch.randn(2, 5, 4), torch.randn(1, 2, 1, 6, 6)
+    got = _outputs(Empties(), (x, clip), target)
+    with torch.no_grad():
+        want = [o.numpy() for o in Empties()(x, clip)]
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"output {k}")

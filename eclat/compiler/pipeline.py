@@ -447,7 +447,8 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
                          enough=enough)
     gc.collect()  # grouping leaves cycles by the thousand: GPT-2's builds stacked on 0.1 GB of them
     # the e-graph's costliest were not grouped (enough of them, or grouping took its time)
-    ungrouped = len(candidates) - 1 - max(p[1] for p in programs) if enough is not None else 0
+    ungrouped = len(candidates) - 1 - max((p[1] for p in programs), default=len(candidates) - 1) \
+        if enough is not None else 0
     built: dict[int, Any] = {}
 
     def time_fn(c: Candidate) -> float:

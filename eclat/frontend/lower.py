@@ -22,7 +22,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from eclat.errors import ExportError, UnsupportedOpError
 from eclat.ir import graph as g
 from eclat.ir.dtypes import DType
-from eclat.ir.graph import Graph, Node, Returned, State
+from eclat.ir.graph import Graph, Node, Returned, State, numel
 from eclat.ir.symbolic import Var, as_int
 
 from .context import INT_MAX, Ctx, Unavailable, ir_dtype
@@ -194,7 +194,7 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
                 if isinstance(first, torch.Tensor):
                     ctx.out_shape = tuple(ctx.sym(d) for d in first.shape)
                     ctx.out_dtype = ir_dtype(first.dtype, f"the result of {_op_name(node.target)}")
-                env[node] = fn(ctx, *args, **kwargs)
+                env[node] = _empty_as_constant(fn(ctx, *args, **kwargs))
             except (ValueError, TypeError, NotImplementedError) as e:
                 raise UnsupportedOpError(_op_name(node.target), source_line(node), str(e)) from e
             except UnsupportedOpError as e:  # a part of the op (a size of its result): named with the op
@@ -223,6 +223,17 @@ def lower(model: torch.nn.Module | torch.export.ExportedProgram, example_inputs:
     out_spec = Returned(ep.call_spec.out_spec, constants) if constants else ep.call_spec.out_spec
     return Graph(inputs + list(states.values()), outputs, weights, out_spec, ctx.index_ranges, ctx.divisors,
                  state_list)
+
+
+def _empty_as_constant(value: Any) -> Any:
+    """value, where it is a computed tensor with no elements, as a broadcast constant: it holds
+    nothing to compute, and kernels over an empty axis (a short clip's window padding that
+    slices nothing) would divide by its size."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_empty_as_constant(v) for v in value)
+    if isinstance(value, Node) and value.kind != "leaf" and numel(value.shape) == 0:
+        return g.expand_to(g.const(0, value.dtype), value.shape)
+    return value
 
 
 def _state_update(name: str, x: Node, new: torch.fx.Node, env: dict, ep) -> tuple[State, list[Node]]:

@@ -99,9 +99,9 @@ class View:
     def overlap(self) -> float:
         """How many times the view reads each element it reaches, on average, along the axes it
         steps (a 3x3 im2col's windows: 9; a broadcast axis does not count: grouping hoists what
-        it repeats). 1 for a masked view or one with run-time strides."""
+        it repeats). 1 for a masked view, an empty one or one with run-time strides."""
         steps = [(as_int(n), as_int(s)) for n, s in zip(self.shape, self.strides) if as_int(s) != 0]
-        if self.mask is not None or any(n is None or s is None for n, s in steps):
+        if self.mask is not None or any(n is None or s is None or n == 0 for n, s in steps):
             return 1.0
         span = 1 + sum((n - 1) * abs(s) for n, s in steps)
         return max(1.0, math.prod(n for n, _ in steps) / span)
