@@ -98,6 +98,7 @@ SHARE_COST = 12  # recompute a shared elementwise value below this many operatio
 NATIVE_COMPOSITES = {"fma"}  # composite ops the kernel IR has natively
 # the kernel IR's costly operations (OP_COST), and rsqrt, a composite until it is decomposed
 TRANSCENDENTAL_OPS = {op for op, cost in OP_COST.items() if cost > OP_COST["fma"]} | {"rsqrt"}
+CHAIN = 16  # values read twice inlined beneath one another before the first attempt is cut (_long_chains)
 _COMPUTE_KINDS = {"unary", "binary", "ternary", "reduce", "gather", "composite"}
 
 
@@ -114,7 +115,10 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     forced |= {id(n) for n in nodes if n.op == "attend" or n.op == "contiguous" and not _broadcast_copy(n)
                and not (in_place and copies_windows(n))}
     forced |= {id(o) for o in graph.outputs}
-    chosen = _contractions_under_reduces(graph, nodes, forced)
+    twice = _read_twice(nodes)
+    chosen = _contractions_under_reduces(graph, nodes, forced, twice)
+    chosen |= _broadcast_operands(nodes, forced | chosen) & twice
+    chosen |= _long_chains(nodes, forced | chosen, twice)
     # the first attempt fuses all it can: through a deep model (a 12-layer decode step) its
     # expressions nest a few frames per node, before `offenders` cuts them into kernels
     limit = sys.getrecursionlimit()
@@ -200,14 +204,18 @@ def copies_windows(n: Node) -> bool:
     return n.op == "contiguous" and n.srcs[0].op == "view" and n.srcs[0].arg.overlap() > 1.0
 
 
-def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int]) -> set[int]:
+def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int], twice: set[int]
+                                ) -> set[int]:
     """The contractions that the first, fully fused attempt would inline into a kernel with a
     reduce reading them (through elementwise ops and views): it materialises every one of them
     (a contraction sharing its kernel with another reduction), so the fixpoint starts from them.
     Without them the first attempt inlines a whole model into each output, and its cost grows
     with the square of the depth."""
     reduce_nodes = [n for n in nodes if n.kind == "reduce"]
-    shallow = _Grouping(graph, nodes, forced | {id(n) for n in reduce_nodes})
+    # values read twice are materialised here too: a recurrence's state, read by its step's product
+    # and by the next state, would otherwise inline the whole chain of steps into each product
+    # (that a reduce is a contraction does not depend on whether its operands are loaded)
+    shallow = _Grouping(graph, nodes, forced | {id(n) for n in reduce_nodes} | twice)
     body = {k.out: k.body for k in shallow.kernels}
     fv_memo: dict = {}
     contraction = {id(n) for n in reduce_nodes if isinstance(r := body.get(shallow.buf_of.get(id(n))), Reduce)
@@ -229,6 +237,60 @@ def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int
             elif n.kind in ("unary", "binary", "ternary", "composite", "view") and n.op != "attend":
                 stack.extend(n.srcs)
     return seed
+
+
+def _broadcast_operands(nodes: list[Node], materialised: set[int]) -> set[int]:
+    """The computed operands of the materialised contractions that some output axis of theirs
+    does not index: each kernel would recompute them for every position along that axis, so the
+    first attempt's `offenders` would materialise them anyway (redundant values). Taken now, a
+    recurrence's state is not inlined, with every step before it, into the next step's product
+    by that first attempt (the square of the steps, in a 100-step GRU's grouping)."""
+    out: set[int] = set()
+    for n in nodes:
+        if id(n) not in materialised or n.op != "sum" or n.srcs[0].op != "mul":
+            continue
+        product = n.srcs[0]
+        for operand in product.srcs:
+            if operand.op != "view" or operand.arg.mask is not None:
+                continue
+            x, strides = operand.srcs[0], [as_int(st) for st in operand.arg.strides]
+            if x.kind not in _COMPUTE_KINDS or id(x) in materialised or strides[n.arg] == 0:
+                continue
+            if any(st == 0 and as_int(size) != 1 for k, (st, size) in enumerate(zip(strides, product.shape))
+                   if k != n.arg):
+                out.add(id(x))
+    return out
+
+
+def _long_chains(nodes: list[Node], materialised: set[int], twice: set[int]) -> set[int]:
+    """The values read twice that the first attempt would inline with more than CHAIN others read
+    twice beneath them: an LSTM's cell state, read by the next state and by its step's output, and
+    holding every step before it. `offenders` materialises them as costly shared values; found
+    after the first attempt, each had cost that attempt the whole chain beneath it."""
+    chain: dict[int, int] = {}
+    out: set[int] = set()
+    for n in nodes:
+        if id(n) in materialised or n.kind == "leaf":
+            chain[id(n)] = 0
+            continue
+        depth = max((chain[id(s)] for s in n.srcs), default=0) + (id(n) in twice)
+        if depth > CHAIN and id(n) in twice:
+            out.add(id(n))
+            depth = 0
+        chain[id(n)] = depth
+    return out
+
+
+def _read_twice(nodes: list[Node]) -> set[int]:
+    """The computed values (not views, not leaves) that two or more nodes read, through views."""
+    readers: dict[int, int] = {}
+    for n in nodes:
+        if n.op == "view":
+            continue
+        for s in n.srcs:
+            s = s.srcs[0] if s.op == "view" else s
+            readers[id(s)] = readers.get(id(s), 0) + 1
+    return {id(n) for n in nodes if n.kind not in ("leaf", "view") and readers.get(id(n), 0) > 1}
 
 
 def _attend_kernels(graph: Graph, fused: bool) -> Graph:
