@@ -150,24 +150,25 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
 
 
 def _shifted(k: Kernel, buffers: dict[str, Buffer]) -> tuple[Kernel, dict[str, int]]:
-    """k reading each buffer it loads from past a constant element offset from a pointer the caller
-    moves by that offset, and the offsets: kernels equal but for where they read a buffer (a
-    recurrence's steps, each reading its slice of the input's projection) are then one function,
-    compiled once (a 50-step bidirectional LSTM's 403 kernels were 113 functions). Weights are
-    left as they are (a product packs them by name), and so are gathered and attention kernels."""
+    """(k, its shifts): k reading each buffer past the least constant element offset of its loads
+    there, from a pointer the caller moves by that many elements. Kernels equal but for where they
+    read a buffer (a recurrence's steps, each reading its slice of the input's projection) are then
+    one function, compiled once (a 50-step bidirectional LSTM's 403 kernels were 113 functions).
+    Read where they lie: weights (a product packs them by name), gathered tables, the output, and
+    every buffer of an attention kernel."""
     if k.scratch is not None or as_attention(k) is not None:
         return k, {}
     found: dict[str, list[Load]] = {}
-    gathered = {k.out}
+    in_place = {k.out}
     for x in walk(k.body):
         if isinstance(x, Load):
             found.setdefault(x.buffer, []).append(x)
         elif isinstance(x, Gather):
-            gathered.add(x.buffer)
+            in_place.add(x.buffer)
     shifts: dict[str, int] = {}
     moved: dict = {}
     for name, reads in found.items():
-        if name in gathered or buffers[name].role == "weight":
+        if name in in_place or buffers[name].role == "weight":
             continue
         parts = [terms(x.index) for x in reads]
         offsets = [sum(c for c, atom in t if atom is None) for t in parts]
