@@ -117,7 +117,7 @@ def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
     forced |= {id(o) for o in graph.outputs}
     twice = _read_twice(nodes)
     chosen = _contractions_under_reduces(graph, nodes, forced, twice)
-    chosen |= _broadcast_operands(nodes, forced | chosen) & twice
+    chosen |= _broadcast_operands(nodes, forced | chosen, twice)
     chosen |= _long_chains(nodes, forced | chosen, twice)
     # the first attempt fuses all it can: through a deep model (a 12-layer decode step) its
     # expressions nest a few frames per node, before `offenders` cuts them into kernels
@@ -239,12 +239,14 @@ def _contractions_under_reduces(graph: Graph, nodes: list[Node], forced: set[int
     return seed
 
 
-def _broadcast_operands(nodes: list[Node], materialised: set[int]) -> set[int]:
-    """The computed operands of the materialised contractions that some output axis of theirs
-    does not index: each kernel would recompute them for every position along that axis, so the
-    first attempt's `offenders` would materialise them anyway (redundant values). Taken now, a
+def _broadcast_operands(nodes: list[Node], materialised: set[int], twice: set[int]) -> set[int]:
+    """The computed operands, read twice, of the materialised contractions that some output axis of
+    theirs does not index: each kernel would recompute them for every position along that axis, so
+    the first attempt's `offenders` would materialise them anyway (redundant values). Taken now, a
     recurrence's state is not inlined, with every step before it, into the next step's product
-    by that first attempt (the square of the steps, in a 100-step GRU's grouping)."""
+    by that first attempt (the square of the steps, in a 100-step GRU's grouping). Operands only
+    the product reads are left to `offenders`: taken too, they changed mambaout's and mobilevit's
+    programs (more buffers), where the rest change none of the vision and timm programs."""
     out: set[int] = set()
     for n in nodes:
         if id(n) not in materialised or n.op != "sum" or n.srcs[0].op != "mul":
@@ -254,7 +256,8 @@ def _broadcast_operands(nodes: list[Node], materialised: set[int]) -> set[int]:
             if operand.op != "view" or operand.arg.mask is not None:
                 continue
             x, strides = operand.srcs[0], [as_int(st) for st in operand.arg.strides]
-            if x.kind not in _COMPUTE_KINDS or id(x) in materialised or strides[n.arg] == 0:
+            if id(x) not in twice or x.kind not in _COMPUTE_KINDS or id(x) in materialised \
+                    or strides[n.arg] == 0:
                 continue
             if any(st == 0 and as_int(size) != 1 for k, (st, size) in enumerate(zip(strides, product.shape))
                    if k != n.arg):
@@ -274,7 +277,7 @@ def _long_chains(nodes: list[Node], materialised: set[int], twice: set[int]) -> 
             chain[id(n)] = 0
             continue
         depth = max((chain[id(s)] for s in n.srcs), default=0) + (id(n) in twice)
-        if depth > CHAIN and id(n) in twice:
+        if depth > CHAIN and id(n) in twice and n.kind in _COMPUTE_KINDS:
             out.add(id(n))
             depth = 0
         chain[id(n)] = depth
