@@ -38,8 +38,8 @@ from ...compiler.kernel import (
     as_attention,
     bytes_moved,
     flops,
+    loads,
     rewrite,
-    walk,
 )
 from ...compiler.memplan import MemoryPlan
 from ...ir.symbolic import Expr, Num, Var, add, mul, sint, size_from_json, size_to_json, terms, upper
@@ -160,11 +160,11 @@ def _shifted(k: Kernel, buffers: dict[str, Buffer]) -> tuple[Kernel, dict[str, i
         return k, {}
     found: dict[str, list[Load]] = {}
     in_place = {k.out}
-    for x in walk(k.body):
-        if isinstance(x, Load):
-            found.setdefault(x.buffer, []).append(x)
-        elif isinstance(x, Gather):
+    for x in loads(k.body):
+        if isinstance(x, Gather):
             in_place.add(x.buffer)
+        else:
+            found.setdefault(x.buffer, []).append(x)
     shifts: dict[str, int] = {}
     moved: dict = {}
     for name, reads in found.items():
