@@ -206,7 +206,7 @@ def test_the_search_times_attention_in_one_kernel_and_as_separate_kernels(monkey
     q, k, v = torch.randn(1, H, 40, D), torch.randn(1, H, 40, D), torch.randn(1, H, 40, D)
     compiled = eclat.compile(Scores("causal", 40, 40).eval(), (q, k, v), autotune="none", quiet=True, k=1)
     (programs,) = seen
-    assert sorted(fused for _, _, fused, _ in programs) == [False, True]
+    assert sorted(fused for _, _, fused, _, _ in programs) == [False, True]
     one_kernel = any(as_attention(k) for k in compiled.executable.program.kernels)
     assert compiled.compile_report.candidates.fused == one_kernel
 
@@ -344,7 +344,7 @@ def test_an_attention_the_cpu_would_run_as_loops_is_not_offered_to_the_search(d)
     candidates, _ = pipeline._candidates(lower(Scores("causal", 24, 24).eval(), (q, k, v)), "cpu", 1)
     cpu = get_target("cpu")
     programs = _PROGRAMS(candidates, None, 1, cpu, [])
-    fused = [p for _, _, _, p in programs if any(as_attention(kern) for kern in p.kernels)]
+    fused = [p for _, _, _, p, _ in programs if any(as_attention(kern) for kern in p.kernels)]
     assert programs and all(cpu.runs_fused(kern) for p in fused for kern in p.kernels)
     assert bool(fused) == (d == 64)
 

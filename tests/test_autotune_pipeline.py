@@ -51,7 +51,7 @@ def test_a_short_search_groups_only_the_candidates_it_may_time(monkeypatch):
 
     grouped, folded = [], []
     real, real_fold = pipeline.group, fold.fold_weights
-    monkeypatch.setattr(pipeline, "group", lambda graph, fused: grouped.append(graph) or real(graph, fused))
+    monkeypatch.setattr(pipeline, "group", lambda graph, *rest: grouped.append(graph) or real(graph, *rest))
     monkeypatch.setattr(fold, "fold_weights", lambda graph, shared=None: folded.append(graph) or
                         real_fold(graph, shared))
     model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
@@ -74,7 +74,7 @@ def test_grouping_that_takes_its_time_stops_after_the_first_candidate(monkeypatc
     GROUPING_SECONDS, no candidate past the first is grouped, and the rest are reported pruned."""
     grouped = []
     real = pipeline.group
-    monkeypatch.setattr(pipeline, "group", lambda graph, fused: grouped.append(graph) or real(graph, fused))
+    monkeypatch.setattr(pipeline, "group", lambda graph, *rest: grouped.append(graph) or real(graph, *rest))
     monkeypatch.setattr(pipeline, "GROUPING_SECONDS", 0.0)
     model, inputs = make_llama(layers=1, d=32, heads=2, ffn=64, vocab=64, seq=4)
     compiled = eclat.compile(model, inputs, autotune="none", k=8, quiet=True)
@@ -88,7 +88,7 @@ def test_grouping_that_takes_its_time_stops_after_the_first_candidate(monkeypatc
 def test_a_compile_whose_every_candidate_fails_to_group_says_why(monkeypatch):
     """Where grouping fails for every candidate, the error names what failed (it was a ValueError
     from an empty max() in the pipeline's own bookkeeping)."""
-    def broken(graph, fused):
+    def broken(graph, *rest):
         raise RuntimeError("grouping broke here")
 
     monkeypatch.setattr(pipeline, "group", broken)
@@ -303,7 +303,7 @@ def test_candidates_race_in_turns_so_a_fast_spell_favours_none(monkeypatch):
         return (cost[exe.name] * (0.7 if len(calls) == 1 else 1.0) + 5.0 * (exe.name == "p3")) * 1e6
 
     def programs(candidates, device, threads, target, errors, shapes=None, enough=None):
-        return [(0.0, n, True, SimpleNamespace(name=f"p{n}", kernels=[])) for n in range(4)]
+        return [(0.0, n, True, SimpleNamespace(name=f"p{n}", kernels=[]), 0) for n in range(4)]
     monkeypatch.setattr(pipeline, "_programs", programs)
     monkeypatch.setattr(pipeline, "verified_build", lambda program, *args: program)
     monkeypatch.setattr(pipeline, "_sample_us", fake_time)

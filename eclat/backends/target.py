@@ -66,6 +66,9 @@ class Target:
     # composites it runs as one kernel of their own (compiler.group): "attention", a softmax
     # contracted with values without writing the scores
     fused: frozenset[str] = frozenset()
+    # the channels-last programs the search is offered besides each channels-first one: feature maps
+    # of at most this many positions computed channels-last (compiler/layout.py)
+    channels_last: tuple[int, ...] = ()
     runtime_sizes: bool = False  # whether its kernels read sizes at run time (dynamic_shapes)
 
     def rules(self) -> tuple[Any, ...]:

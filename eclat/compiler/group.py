@@ -92,6 +92,7 @@ from .kernel import (
     split_groups,
     walk,
 )
+from .layout import channels_last
 
 DEEP_RECURSION = 20000  # Python frames grouping may nest (3.11 keeps them off the C stack)
 SHARE_COST = 12  # recompute a shared elementwise value below this many operations
@@ -102,12 +103,16 @@ CHAIN = 16  # values read twice inlined beneath one another before the first att
 _COMPUTE_KINDS = {"unary", "binary", "ternary", "reduce", "gather", "composite"}
 
 
-def group(graph: Graph, fused: frozenset[str] = frozenset()) -> Program:
+def group(graph: Graph, fused: frozenset[str] = frozenset(), channels_last_pixels: int = 0) -> Program:
     """Lower a primitive graph (composites allowed) to kernels over flat buffers. fused: the
-    composites the target runs as one kernel of their own ("attention")."""
+    composites the target runs as one kernel of their own ("attention"); channels_last_pixels:
+    feature maps of at most this many positions are computed channels-last (compiler/layout.py)."""
     graph = _attend_kernels(graph, "attention" in fused)
     keep = {op for op, d in OPS.items() if op in NATIVE_COMPOSITES | {"attend"} or d.alone}
-    graph = _one_copy_per_value(decompose_composites(_products_before_masks(graph), keep=keep))
+    graph = decompose_composites(_products_before_masks(graph), keep=keep)
+    if channels_last_pixels:
+        graph = channels_last(graph, channels_last_pixels) or graph
+    graph = _one_copy_per_value(graph)
     nodes = graph.nodes()
     forced = {id(_table(n)) for n in nodes if n.op == "gather"}
     forced |= {id(x) for n in nodes if n.kind == "composite" and OPS[n.op].alone for x in (n, *n.srcs)}

@@ -485,18 +485,22 @@ class Schedule:
     depth: a contraction's reduction runs in chunks of this many steps, each over every row block
     of a panel before the next (0: the whole reduction at once), so that the panel's chunk stays in
     the L1 cache while the row blocks read it; a decode attention's keys run in parts of about this
-    many, each a slice of the outer loop, combined at the end (backends/cpu/attention.py)."""
+    many, each a slice of the outer loop, combined at the end (backends/cpu/attention.py); jam: a
+    kernel that is no contraction runs this many of its next-to-last axis's indices together in
+    its innermost loop (a channels-last depthwise convolution: each tap's filter vector loaded once
+    for several pixels, and the inputs those pixels share once)."""
 
     tile: tuple[int, int] = (1, 1)
     unroll: int = 1
     threads: int = 1
     transposed: bool = False
     depth: int = 0
+    jam: int = 1
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Schedule:
         """The schedule dataclasses.asdict wrote (fields this eclat does not know are ignored)."""
-        known = {"tile", "unroll", "threads", "transposed", "depth"}
+        known = {"tile", "unroll", "threads", "transposed", "depth", "jam"}
         return Schedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
 
 

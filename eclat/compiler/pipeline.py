@@ -50,6 +50,7 @@ from . import tune as tuning
 from .buckets import Bucket, SizeBuckets, inputs_at, representatives, sizes_of
 from .group import copies_windows, group
 from .kernel import Program, as_attention, at_sizes, bytes_moved, flops, loads
+from .layout import feature_maps
 from .model import CompiledModel
 from .phases import phase, recording
 from .quantize import accuracy, check_mode, quantize
@@ -181,14 +182,14 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
             """The search's (executable, program, stats, tuned) at inputs `at`: the database's
             winner where it remembers one that still builds and verifies, else searched afresh."""
             key = key_of(sizes) if tdb is not None else None
-            known, fused, tuned = _known_choice(tdb, key, len(candidates))
-            grouped = _programs([candidates[known]], device, threads, backend, [], fused) \
+            known, fused, pixels, tuned = _known_choice(tdb, key, len(candidates))
+            grouped = _programs([candidates[known]], device, threads, backend, [], fused, layout=pixels) \
                 if known is not None else []
             built = _build_remembered(grouped[0][3], backend, device, autotune, threads, tdb, at,
                                       reference(known), tuned, bars) if grouped else None
             if built is not None:  # the database's winner, built with its schedules, verified
                 return (*built, CandidateStats(len(candidates), pruned=len(candidates) - 1, chosen=known,
-                                               fused=fused), tuned)
+                                               fused=fused, channels_last=pixels), tuned)
             seconds, exe, program, stats = _pick(candidates, backend, device, autotune, threads, at,
                                                  reference, bars)
             tuned = False
@@ -196,7 +197,8 @@ def compile_graph(graph: Graph, arrays: list[np.ndarray], target: str = "cpu", *
                 untuned, exe = [exe], None  # _tuned may let it go (its packed weights) before building
                 exe, tuned = _tuned(program, backend, device, autotune, threads, tdb, at,
                                     reference(stats.chosen), untuned, bars)
-                tdb.put(key, {"candidate": stats.chosen, "fused": stats.fused, "tuned": tuned}, seconds * 1e6)
+                tdb.put(key, {"candidate": stats.chosen, "fused": stats.fused, "layout": stats.channels_last,
+                              "tuned": tuned}, seconds * 1e6)
             return exe, program, stats, tuned
 
         exe, program, stats, tuned = choose(arrays, reference)
@@ -401,39 +403,50 @@ def _rewrites() -> Any:
 
 def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, errors: list[str],
               fused: bool | None = None, shapes: list[tuple[int, ...]] | None = None,
-              enough: int | None = None) -> list[tuple[float, int, bool, Program]]:
+              enough: int | None = None, layout: int | None = None
+              ) -> list[tuple[float, int, bool, Program, int]]:
     """(roofline estimate, candidate number, whether the target's fused kernels are used, program with
-    the target's default schedules), most promising first. Each candidate is grouped with the
-    target's fused kernels (attention in one kernel) and, where that made any, without them too: the
-    search times both. fused: only that grouping (a remembered choice); shapes: the example inputs'
-    (a program with run-time sizes is estimated at theirs, as it is timed); enough: no candidate is
-    grouped once this many programs are, or past the first once grouping has taken GROUPING_SECONDS
-    (the e-graph's cheapest first: grouping a language model's candidate takes seconds, and a "fast"
-    search times only the best few)."""
+    the target's default schedules, the positions of the largest feature map it computes channels-last
+    or 0), most promising first. Each candidate is grouped with the target's fused kernels (attention
+    in one kernel), channels-first and in each channels-last layout the target offers
+    (`Target.channels_last`) where it has such feature maps, and, where the fused kernels made any,
+    without them too (channels-first): the search times each grouping. fused, layout: only that
+    grouping (a remembered choice); shapes: the example inputs' (a program with run-time sizes is
+    estimated at theirs, as it is timed); enough: no candidate is grouped once this many programs
+    are, or past the first once grouping has taken GROUPING_SECONDS (the e-graph's cheapest first:
+    grouping a language model's candidate takes seconds, and a "fast" search times only the best
+    few)."""
     programs = []
     start = time.perf_counter()
     for n, cand in enumerate(candidates):
         late = n >= 1 and time.perf_counter() - start > GROUPING_SECONDS
         if enough is not None and (len(programs) >= enough or late):
             break
+        layouts = [0, *(p for p in target.channels_last if feature_maps(cand, p))] if layout is None \
+            else [layout]
         for with_fused in (True, False) if fused is None else (fused,):
-            try:
-                with phase("group"):
-                    program = group(cand, target.fused if with_fused else frozenset())
-                    weights = program.weights
-                    for kern in program.kernels:
-                        kern.schedule = target.default_schedule(kern, threads, weights)
-            except Exception as e:  # a broken candidate must not take the compile down
-                errors.append(f"candidate {n}: {type(e).__name__}: {e}")
-                continue
-            if fused is None and with_fused and not all(map(target.runs_fused, program.kernels)):
-                continue  # the target would run an attention as plain loops: only the other grouping
-            sizes = bind_sizes(program.input_shapes, shapes) if shapes and program.sizes else {}
-            programs.append((_estimate_us(at_sizes(program, sizes), device), n, with_fused, program))
-            if fused is None and not any("attend" in k.ops for k in program.kernels) and \
+            plain = None  # its channels-first program
+            for pixels in layouts if with_fused or fused is not None else [0]:
+                try:
+                    with phase("group"):
+                        program = group(cand, target.fused if with_fused else frozenset(), pixels)
+                        weights = program.weights
+                        for kern in program.kernels:
+                            kern.schedule = target.default_schedule(kern, threads, weights)
+                except Exception as e:  # a broken candidate must not take the compile down
+                    errors.append(f"candidate {n}{f' (channels-last {pixels})' if pixels else ''}: "
+                                  f"{type(e).__name__}: {e}")
+                    continue
+                if fused is None and with_fused and not all(map(target.runs_fused, program.kernels)):
+                    break  # the target would run an attention as plain loops: only the other grouping
+                sizes = bind_sizes(program.input_shapes, shapes) if shapes and program.sizes else {}
+                estimate = _estimate_us(at_sizes(program, sizes), device)
+                programs.append((estimate, n, with_fused, program, pixels))
+                plain = plain or (program if not pixels else None)
+            if fused is None and plain is not None and not any("attend" in k.ops for k in plain.kernels) and \
                     not ("windows" in target.fused and any(map(copies_windows, cand.nodes()))):
                 break  # nothing fused: the other grouping is the same program
-    return sorted(programs, key=lambda p: (p[0], p[1], not p[2]))  # then the e-graph's own order
+    return sorted(programs, key=lambda p: (p[0], p[1], not p[2], p[4]))  # then the e-graph's own order
 
 
 def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads: int,
@@ -461,9 +474,9 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
             errors.append(f"candidate {c.schedule['candidate']}: {type(e).__name__}: {e}")
             raise
 
-    cands = [Candidate({"candidate": n, "fused": fused,
+    cands = [Candidate({"candidate": n, "fused": fused, "layout": pixels,
                         "attention": any(as_attention(k) is not None for k in program.kernels)},
-                       estimate, program) for estimate, n, fused, program in programs]
+                       estimate, program) for estimate, n, fused, program, pixels in programs]
     offered = cands if mode == "full" else _spread(cands, RACED[mode])
     stats = CandidateStats(len(candidates), failed=errors)
     try:
@@ -476,7 +489,7 @@ def _pick(candidates: list[Graph], target: Any, device: Any, mode: str, threads:
         raise EclatError("no candidate compiled and verified:\n  " + "\n  ".join(errors)) from None
     stats.pruned = found.stats.pruned + ungrouped + len(cands) - len(offered)
     stats.timed, stats.chosen = found.stats.timed, found.winner.schedule["candidate"]
-    stats.fused = found.winner.schedule["fused"]
+    stats.fused, stats.channels_last = found.winner.schedule["fused"], found.winner.schedule.get("layout", 0)
     return found.measured_us / 1e6, built[id(found.winner)], found.winner.payload, stats
 
 
@@ -488,7 +501,8 @@ def _spread(cands: list[Candidate], n: int) -> list[Candidate]:
     attention may not be found (GPT-2 over run-time lengths: only the candidate that stores its
     causal mask has one to fuse, and it was never timed)."""
     ordered = sorted(cands, key=lambda c: c.estimate_us)
-    grouping = lambda c: (c.schedule["fused"], c.schedule.get("attention", False))  # noqa: E731
+    grouping = lambda c: (c.schedule["fused"], c.schedule.get("attention", False),  # noqa: E731
+                          c.schedule.get("layout", 0))
     firsts = {id(next(c for c in ordered if grouping(c) == f)): None
               for f in dict.fromkeys(grouping(c) for c in ordered)}
     rest = [c for c in ordered if id(c) not in firsts]
@@ -715,14 +729,13 @@ def _choice_key(graph: Graph, mode: str, k: int, target: str, device: Any) -> An
                              device)
 
 
-def _known_choice(db: Any, key: Any, count: int) -> tuple[int | None, bool, bool]:
+def _known_choice(db: Any, key: Any, count: int) -> tuple[int | None, bool, int, bool]:
     """The remembered candidate number (None if none), whether it was grouped with the target's fused
-    kernels, and whether it won with tuned schedules."""
-    entry = db.get(key) if db is not None else None
-    n = entry.schedule.get("candidate") if entry is not None else None
-    fused = entry.schedule.get("fused", True) if entry is not None else True
-    tuned = entry.schedule.get("tuned", True) if entry is not None else True
-    return (n if isinstance(n, int) and 0 <= n < count else None), bool(fused), bool(tuned)
+    kernels, its channels-last layout (0: none) and whether it won with tuned schedules."""
+    schedule = db.get(key).schedule if db is not None and db.get(key) is not None else {}
+    n, pixels = schedule.get("candidate"), schedule.get("layout", 0)
+    return (n if isinstance(n, int) and 0 <= n < count else None), bool(schedule.get("fused", True)), \
+        (pixels if isinstance(pixels, int) else 0), bool(schedule.get("tuned", True))
 
 
 def _estimate_us(program: Program, device: Any) -> float:
@@ -756,10 +769,10 @@ def _deferred(graph: Graph, candidates: list[Graph], backend: Any, target: str, 
               reason: str, start: float, in_structure: Any) -> CompiledModel:
     """The first candidate with default schedules, for a device absent here: saveable, not runnable."""
     errors: list[str] = []
-    programs = _programs(candidates, None, threads, backend, errors, fused=True)
+    programs = _programs(candidates, None, threads, backend, errors, fused=True, layout=0)
     if not programs:
         raise EclatError("no candidate could be grouped into kernels:\n  " + "\n  ".join(errors))
-    _, n, _, program = programs[0]
+    _, n, _, program, _ = programs[0]
     exe = backend.deferred(program, reason)
     report = _report(target, threads, None, program, exe, start)
     report.egraph = _egraph_stats(egraph)

@@ -46,6 +46,7 @@ class CandidateStats:
     failed: list[str] = field(default_factory=list)  # "candidate n: error" of each one skipped
     chosen: int | None = None
     fused: bool = True  # the chosen one runs the target's fused kernels (attention in one kernel)
+    channels_last: int = 0  # its feature maps of at most this many positions are channels-last
     cached: bool = False  # chosen by an earlier compile (the program cache)
     differences: list[str] = field(default_factory=list)  # what each candidate changes from the first
 

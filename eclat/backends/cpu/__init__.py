@@ -18,6 +18,7 @@ class CpuTarget(Target):
     # attention.py: one pass over the keys, online softmax; contraction.py: a product's windowed
     # operand read in place, each panel copied as it runs (an implicit GEMM, no im2col)
     fused = frozenset({"attention", "windows"})
+    channels_last = (196,)
     runtime_sizes = True  # a SIZES argument every kernel that needs one reads (emitter.py)
 
     def rules(self) -> tuple[Any, ...]:

@@ -187,6 +187,13 @@ class KernelEmitter:
             self.scope.bind(v.name, self.b.load(at, typ=I64))
         self.fv_memo: dict = {}
         self._nested = False
+        # what it writes is one alias scope its loads of other buffers are outside of: no buffer it
+        # reads lies where it writes (the memory plan), which LLVM cannot see through the slots,
+        # and so checked at run time before vectorising (or gave up on)
+        domain = self.mod.add_metadata([ir.MetaDataString(self.mod, "eclat.buffers")])
+        self.written_scope = self.mod.add_metadata([self.mod.add_metadata(
+            [ir.MetaDataString(self.mod, "eclat.written"), domain])])
+        self.written = {self.k.out, *(sd.out for sd in self.k.sides), self.k.scratch} - {None}
         outer = self.body()
         self.b.ret_void()
         return outer
@@ -228,7 +235,8 @@ class KernelEmitter:
         if (self.inner_loops if hint is None else hint) and not self._nested:
             trip = stop.constant - start.constant if isinstance(start, ir.Constant) and \
                 isinstance(stop, ir.Constant) else None
-            count = unroll or self.k.schedule.unroll
+            count = unroll or (self.k.schedule.unroll if self.k.schedule.unroll > 1 else
+                               max(1, INTERLEAVE // self.k.schedule.jam) if row else INTERLEAVE)
             br.set_metadata("llvm.loop", loop_hint(self.mod, count, self.lanes, trip, self.strided_rows,
                                                    row and self.strided_rows))
         self._nested = True
@@ -304,6 +312,9 @@ class KernelEmitter:
                     self._row_in_passes(vars_, piece, long)
                 elif dd + 3 == len(shape) and self._transposed(piece, dd + 1):
                     self._axis(piece, dd + 1, i64(0), self.sym(shape[dd + 1]))
+                elif dd + 1 < len(shape) and self._jams(piece, dd + 1):
+                    self._jammed(dd + 1, i64(0), self.sym(shape[dd + 1]), piece,
+                                 lambda i2, a: level(dd + 1, i2, a, piece, cands, pad, inside))
                 elif dd + 1 < len(shape):
                     self.loop(i64(0), self.sym(shape[dd + 1]), [],
                               lambda i2, a: level(dd + 1, i2, a, piece, cands, pad, inside),
@@ -323,6 +334,8 @@ class KernelEmitter:
                 self._staged_rows(d, first, last, piece, staged, level)
             elif one_row and (long := self._long_reduces(piece)):  # a kernel that is one row
                 self._row_in_passes(vars_, piece, long, first, last)
+            elif self._jams(piece, d):
+                self._jammed(d, first, last, piece, lambda i, a, lv=level: lv(d, i, a))
             else:
                 self.loop(first, last, [], lambda i, a, lv=level: lv(d, i, a),
                           row=d + 1 + self.tiny_last == len(shape))
@@ -491,6 +504,57 @@ class KernelEmitter:
                 self.scope.bind(last, i64(j))
                 self.hoist(reduces(at))
                 self.store(self.k.out, ravel(vars_, self.k.shape), self.emit(at), at.dtype)
+
+    def _jams(self, body: KExpr, d: int) -> bool:
+        """Whether the loop over axis d, the next to last, runs its indices `Schedule.jam` at a time
+        (the plain row's cases only: no masks along the row, no sums beside it or in passes)."""
+        shape = self.k.shape
+        return self.k.schedule.jam > 1 and d == len(shape) - 2 and not self.tiny_last and not self.k.sides \
+            and isinstance(shape[d], int) and shape[d] >= self.k.schedule.jam \
+            and self._pad_split(body) is None and self._interior(body) is None \
+            and not self._long_reduces(body) and not self._in_pieces(body, d + 1)
+
+    def _jammed(self, d: int, first: ir.Value, last: ir.Value, body: KExpr,
+                one: Callable[[ir.Value, list], list]) -> None:
+        """Axis d from first to last in blocks of `jam` indices, each block one loop along the row
+        computing every index's element before storing any (so that LLVM loads what they share,
+        a filter's tap, once); the indices left over as one block where their number is known (a
+        7-pixel row in blocks of 4: 4 and 3), else one at a time (`one`)."""
+        jam, b = self.k.schedule.jam, self.b
+        count = b.sdiv(b.sub(last, first), i64(jam))
+        self.loop(i64(0), count, [], lambda j, _a: self._block(d, b.add(first, b.mul(j, i64(jam))), body,
+                                                               jam))
+        rest = b.add(first, b.mul(count, i64(jam)))
+        if isinstance(first, ir.Constant) and isinstance(last, ir.Constant) and \
+                (left := (last.constant - first.constant) % jam) > 1:
+            self._block(d, rest, body, left)
+        else:
+            self.loop(rest, last, [], one)
+
+    def _block(self, d: int, start: ir.Value, body: KExpr, rows: int) -> list:
+        """Indices start .. start + rows - 1 of axis d (the next to last), one loop along the row."""
+        shape = self.k.shape
+        vars_ = axis_vars(shape)
+        name, row = vars_[d].name, vars_[d + 1].name
+        block = Var(f"{name}_jam", 0, upper(shape[d]) - 1)
+        at = lambda u: lambda v: block + Num(u) if v.name == name else v  # noqa: E731
+        copies = [(pruned(rewrite(body, index=lambda x, u=u: map_vars(x, at(u)))),
+                   map_vars(ravel(vars_, shape), at(u))) for u in range(rows)]
+        cands = [r for e, _ in copies for r in reduces(e)]
+
+        def element(i: ir.Value, _a: list) -> list:
+            self.scope.bind(row, i)
+            self.hoist(cands)
+            values = [self.emit(e) for e, _ in copies]
+            for (e, where), v in zip(copies, values):
+                self.store(self.k.out, where, v, e.dtype)
+            return []
+
+        with self.scope.nested():
+            self.scope.bind(block.name, start)
+            self.hoist(cands)
+            self.loop(i64(0), self.sym(shape[d + 1]), [], element, row=True)
+        return []
 
     def _row_with_sides(self, vars_: list[Var], cands: list[Reduce]) -> None:
         """The last axis: each value stored, and each side sum accumulated from it."""
@@ -702,7 +766,7 @@ class KernelEmitter:
         elif dt is DType.float16:
             v = self.b.fptrunc(v, mem_type(dt))
         at = self.b.gep(self.ptr[buf], [self.sym(index)], inbounds=True, source_etype=mem_type(dt))
-        self.b.store(v, at)
+        self.b.store(v, at).set_metadata("alias.scope", self.written_scope)
 
     # --- index arithmetic --------------------------------------------------------------------
     def sym(self, e: Expr) -> ir.Value:
@@ -765,6 +829,8 @@ class KernelEmitter:
     def load_at(self, buf: str, flat: ir.Value, dt: DType) -> ir.Value:
         v = self.b.load(self.b.gep(self.ptr[buf], [flat], inbounds=True, source_etype=mem_type(dt)),
                         typ=mem_type(dt))
+        if buf not in self.written:
+            v.set_metadata("noalias", self.written_scope)
         if dt is DType.float16:
             return self.b.fpext(v, reg_type(dt))
         return self.b.trunc(v, I1) if dt is DType.bool else v
@@ -1070,7 +1136,7 @@ def loop_hint(mod: ir.Module, unroll: int, lanes: int, trip: int | None = None, 
     they read with a stride (strided: masked interleaved loads cost more than a scalar tail); such
     a row of the output (strided_row) runs the vectors that leave it the fewest iterations
     (`_row_width`)."""
-    count = unroll if unroll > 1 else INTERLEAVE
+    count = unroll
     whole = min(lanes, HALF_VECTOR)
     short = trip is not None and SHORT_ROW <= trip < VECTORIZER_MIN_TRIP
     masked = short and trip % whole != 0 and not strided

@@ -18,8 +18,19 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 
-from ...compiler.kernel import Kernel, KExpr, Load, Schedule, as_contraction, loads, transposed
-from ...ir.symbolic import upper
+from ...compiler.kernel import (
+    Kernel,
+    KExpr,
+    Load,
+    Reduce,
+    Schedule,
+    as_contraction,
+    axis_vars,
+    loads,
+    reduces,
+    transposed,
+)
+from ...ir.symbolic import upper, variables
 from . import host
 from .attention_plan import default_key_depth
 
@@ -49,6 +60,12 @@ HEIGHT_GAIN = 1.05  # how much more of its rows a lower register block must use 
 # row: resnet18's tuned program ran 24.6 ms against the untuned's 22.2, its 512-channel convolutions
 # 2462-3002 us at (12, 32) against 1501-1612 transposed, Winograd products at (6, 64) 1.3-1.6x slower
 # (AVX-512 Xeon, one process).
+# a kernel whose sums read a vector along the row that the row above reads too (a channels-last
+# depthwise convolution's filter taps) computes this many rows together (Schedule.jam): the 7x7 x 576
+# depthwise 5x5 of a mobile network's last stage, 97 -> .. us on znver4; 4 and 7 measured alike in C
+JAM = 4
+# most terms of the rows jammed together: LLVM's vectoriser left 7 rows of a 7x7 filter's 49 taps scalar
+JAM_TERMS = 200
 WEIGHT_RIGHT_DEPTH = 512
 WEIGHT_RIGHT_COLUMNS = 1024
 # A reduction whose K x NR panel of the right operand is more than PANEL_L2_SHARE of the L2 cache runs
@@ -232,7 +249,7 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
     lanes, registers = _defaults(lanes, registers)
     plain, flip = _sizes(kernel), _sizes(kernel, flip=True)
     if plain is None:
-        return Schedule(threads=threads, depth=default_key_depth(kernel, threads))
+        return Schedule(threads=threads, depth=default_key_depth(kernel, threads), jam=jam_for(kernel))
     best = Schedule(tile=_tile_for(plain[0], lanes, registers), threads=threads)
     if flip is not None:
         turned = Schedule(tile=_tile_for(flip[0], lanes, registers), threads=threads, transposed=True)
@@ -243,6 +260,35 @@ def default_schedule(kernel: Kernel, threads: int = 1, lanes: int | None = None,
             best = turned
     best = chunked(kernel, best, caches)
     return _on_held_panels(kernel, best, lanes, registers, held_width) or best
+
+
+def jam_for(kernel: Kernel) -> int:
+    """Schedule.jam's default: rows computed together where they share what they read (shares_rows),
+    at most JAM_TERMS of their sums' terms in all, as many as divide the rows evenly (7 of a 7x7 or
+    14x14 map) or else the most."""
+    if not shares_rows(kernel):
+        return 1
+    terms = max(math.prod(upper(r.size) for r in _nested(top)) for top in reduces(kernel.body))
+    fits = [j for j in range(min(2 * JAM, JAM_TERMS // terms), 1, -1)]
+    rows = upper(kernel.shape[-2])
+    return next((j for j in fits if rows % j == 0), fits[0] if fits else 1)
+
+
+def _nested(r: Reduce) -> list[Reduce]:
+    """r and the reductions its terms are sums of (a filter's rows, then its taps along a row)."""
+    inner = r.body if isinstance(r.body, Reduce) else None
+    return [r, *(_nested(inner) if inner is not None else [])]
+
+
+def shares_rows(kernel: Kernel) -> bool:
+    """Whether kernel (no contraction) sums terms that read a vector along its row which every row
+    reads alike: a channels-last depthwise convolution's filter taps, the same for every pixel."""
+    shape = kernel.shape
+    if len(shape) < 2 or upper(shape[-1]) < 2 or upper(shape[-2]) < JAM:
+        return False
+    row, above = (v.name for v in axis_vars(shape)[-2:][::-1])
+    return any(row in variables(x.index) and above not in variables(x.index)
+               for r in reduces(kernel.body) for x in loads(r.body) if isinstance(x, Load))
 
 
 def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
@@ -274,7 +320,7 @@ def schedule_space(kernel: Kernel, threads: int = 1, lanes: int | None = None,
             rest += [chunked(kernel, replace(base, tile=t, transposed=flip), caches) for t in tiles]
     out += rest
     if _sizes(kernel) is None:
-        out += [replace(base, unroll=u) for u in (2, 8)]
+        out += [replace(base, unroll=u) for u in (2, 8)] + ([replace(base, jam=1)] if base.jam > 1 else [])
     if threads > 1:
         out += [replace(s, threads=1) for s in list(out)]
     if _largest_weight(kernel, weights) >= ONE_WIDTH_BYTES:
