@@ -140,7 +140,11 @@ def make_eclat_runner(autotune: str):
         compiled = eclat.compile(model, inputs, target="cpu", threads=threads, autotune=autotune,
                                  quiet=True)
         arrays = [x.numpy() for x in inputs]
-        return lambda: compiled(*arrays)
+
+        def call():
+            return compiled(*arrays)
+        call.compiled = compiled  # what the search chose, for the table's notes
+        return call
     return run_eclat
 
 
@@ -206,6 +210,8 @@ def main(argv: list[str] | None = None, workloads: list[Workload] | None = None,
                     fns[n]()
                     if n == "eclat":
                         notes.append(f"eclat compile {time.perf_counter() - t0:.1f}s")
+                        chosen_layout = fns[n].compiled.compile_report.candidates.channels_last
+                        notes += [f"channels-last to {chosen_layout} pixels"] if chosen_layout else []
                 except Exception as e:  # a peer failing is reported, not fatal
                     fns.pop(n, None)
                     notes.append(f"{n} failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")

@@ -129,3 +129,18 @@ def test_the_search_times_the_channels_last_program_and_remembers_its_choice(mon
     offered.clear()  # without the program cache: the tuning database's choice, grouped alone
     again = eclat.compile(model, (x,), autotune="fast", k=1, program_cache_used=False)
     assert offered == [chosen] and again.compile_report.candidates.channels_last == chosen
+
+
+def test_a_channels_last_program_saves_and_loads(tmp_path, monkeypatch):
+    """The laid-out weights and the jammed schedules travel in an artifact."""
+    model, x = _model()
+    original = pipeline._programs
+    monkeypatch.setattr(pipeline, "_programs", lambda *args, **kw: original(
+        *args[:5], fused=True, shapes=kw.get("shapes"), layout=196))
+    compiled = eclat.compile(model, (x,), autotune="none")
+    assert compiled.compile_report.candidates.channels_last == 196
+    assert any(k.schedule.jam > 1 for k in compiled.executable.program.kernels)
+    compiled.save(str(tmp_path / "model.eclat"))
+    loaded = eclat.load(str(tmp_path / "model.eclat"))
+    with torch.no_grad():
+        np.testing.assert_allclose(np.asarray(loaded(x.numpy())), model(x).numpy(), rtol=1e-4, atol=1e-5)

@@ -93,6 +93,8 @@ def _addends(x: KExpr) -> list[KExpr]:
 class AttentionEmitter(KernelEmitter):
     """Emits an Attention kernel (see the module's docstring)."""
 
+    scoped = False  # its loads in the order written (KernelEmitter.scoped)
+
     def __init__(self, mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer],
                  packed: dict[str, np.ndarray], lanes: int, att: Attention, parts: tuple[Load, Load]):
         super().__init__(mod, kernel, buffers, packed, lanes)

@@ -251,6 +251,8 @@ class ContractionEmitter(KernelEmitter):
     """Emits a contraction kernel: one outer loop over (panel, batch) pairs, the row blocks of a
     panel inside, the micro-kernel for each, then the kernel's epilogue per element of the tile."""
 
+    scoped = False  # its loads in the order written (KernelEmitter.scoped)
+
     inner_loops = False  # the micro-kernel is interleaved by hand
 
     def __init__(self, mod: ir.Module, kernel: Kernel, buffers: dict[str, Buffer],
