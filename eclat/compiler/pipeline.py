@@ -732,7 +732,8 @@ def _choice_key(graph: Graph, mode: str, k: int, target: str, device: Any) -> An
 def _known_choice(db: Any, key: Any, count: int) -> tuple[int | None, bool, int, bool]:
     """The remembered candidate number (None if none), whether it was grouped with the target's fused
     kernels, its channels-last layout (0: none) and whether it won with tuned schedules."""
-    schedule = db.get(key).schedule if db is not None and db.get(key) is not None else {}
+    entry = db.get(key) if db is not None else None
+    schedule = entry.schedule if entry is not None else {}
     n, pixels = schedule.get("candidate"), schedule.get("layout", 0)
     return (n if isinstance(n, int) and 0 <= n < count else None), bool(schedule.get("fused", True)), \
         (pixels if isinstance(pixels, int) else 0), bool(schedule.get("tuned", True))
