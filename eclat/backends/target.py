@@ -67,7 +67,8 @@ class Target:
     # contracted with values without writing the scores
     fused: frozenset[str] = frozenset()
     # the channels-last programs the search is offered besides each channels-first one: feature maps
-    # of at most this many positions computed channels-last (compiler/layout.py)
+    # of at most this many positions computed channels-last (compiler/layout.py); a search short of
+    # "full" is offered the first only
     channels_last: tuple[int, ...] = ()
     runtime_sizes: bool = False  # whether its kernels read sizes at run time (dynamic_shapes)
 

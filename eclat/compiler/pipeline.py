@@ -409,21 +409,21 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
     the target's default schedules, the positions of the largest feature map it computes channels-last
     or 0), most promising first. Each candidate is grouped with the target's fused kernels (attention
     in one kernel), channels-first and in each channels-last layout the target offers
-    (`Target.channels_last`) where it has such feature maps, and, where the fused kernels made any,
-    without them too (channels-first): the search times each grouping. fused, layout: only that
-    grouping (a remembered choice); shapes: the example inputs' (a program with run-time sizes is
-    estimated at theirs, as it is timed); enough: no candidate is grouped once this many programs
-    are, or past the first once grouping has taken GROUPING_SECONDS (the e-graph's cheapest first:
-    grouping a language model's candidate takes seconds, and a "fast" search times only the best
-    few)."""
+    (`Target.channels_last`: the first only unless every candidate is grouped, "full") where it has
+    such feature maps, and, where the fused kernels made any, without them too (channels-first):
+    the search times each grouping. fused, layout: only that grouping (a remembered choice);
+    shapes: the example inputs' (a program with run-time sizes is estimated at theirs, as it is
+    timed); enough: no candidate is grouped once this many programs are, or past the first once
+    grouping has taken GROUPING_SECONDS (the e-graph's cheapest first: grouping a language model's
+    candidate takes seconds, and a "fast" search times only the best few)."""
     programs = []
     start = time.perf_counter()
     for n, cand in enumerate(candidates):
         late = n >= 1 and time.perf_counter() - start > GROUPING_SECONDS
         if enough is not None and (len(programs) >= enough or late):
             break
-        layouts = [0, *(p for p in target.channels_last if feature_maps(cand, p))] if layout is None \
-            else [layout]
+        offered = target.channels_last if enough is None else target.channels_last[:1]  # "full": all
+        layouts = [0, *(p for p in offered if feature_maps(cand, p))] if layout is None else [layout]
         for with_fused in (True, False) if fused is None else (fused,):
             plain = None  # its channels-first program
             for pixels in layouts if with_fused or fused is not None else [0]:
