@@ -29,11 +29,10 @@ from .cache import cache_dir as _cache_dir
 CACHE_SCHEMA = 1
 FMA_ACCUMULATORS = 12  # independent FMA chains: enough to cover latency x issue width on x86 and GPUs
 FMA_SECONDS = 0.05  # target duration of one FMA run after calibration
-STREAM_MIN_BYTES = 32 << 20  # per array; at least 4x the last-level cache is used when that is larger,
-# up to STREAM_MAX_BYTES: a server's shared L3 (480 MB) would make the three arrays 6 GB, the peak of a
-# first compile, and one thread's triad measured the same from 64 MB to 1.9 GB per array there (within
-# 4%); each MB a process first touches costs a VM about 8 ms: 256 MB per array made a first compile 6 s longer
-STREAM_MAX_BYTES = 64 << 20
+STREAM_BYTES = 32 << 20  # per array, 3x a core complex's L3 in all: one thread's triad measured the same
+# from 64 MB to 1.9 GB per array on a server with 480 MB of shared L3 (within 4%), and on a KVM VM with
+# 32 MB of L3 the same at 32 and 64 MB (within its noise) where first touching the larger arrays took
+# 1.3 s against 0.35 s of a first compile's device probe
 REPEATS = 3  # best of REPEATS for each benchmark: other processes only ever make a run slower
 
 

@@ -17,8 +17,7 @@ from ...autotune.device import (
     FMA_ACCUMULATORS,
     FMA_SECONDS,
     REPEATS,
-    STREAM_MAX_BYTES,
-    STREAM_MIN_BYTES,
+    STREAM_BYTES,
     Device,
     DeviceError,
     calibrated,
@@ -181,7 +180,7 @@ class CpuProbe:
             raise DeviceError("CPU FMA benchmark computed wrong values; the JIT is broken")
 
         # streaming triad a = b + s*c, each thread on its own slice; counted as 3 streams (STREAM's rule)
-        n = max(STREAM_MIN_BYTES, min(4 * _llc_bytes(), STREAM_MAX_BYTES)) // 4
+        n = STREAM_BYTES // 4
         # filled here so that page faults happen before the timing
         a, b, c = np.zeros(n, np.float32), np.ones(n, np.float32), np.full(n, 2.0, np.float32)
         bounds = np.linspace(0, n, threads + 1).astype(np.int64)
