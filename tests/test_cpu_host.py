@@ -463,29 +463,6 @@ def test_worker_processes_compile_what_this_process_would(monkeypatch):
 
 
 
-def test_kernels_compile_early_on_a_worker_while_the_build_emits(monkeypatch, tmp_path):
-    """jit.compile_early hands a kernel's text to a worker as soon as it is emitted; kernel_codes
-    then collects what the workers made (the same object code this process makes), compiles here
-    what no worker began, and raises a bad module's own error (the worker gave up on it)."""
-    from eclat.backends.cpu import jit, llvm_worker
-
-    monkeypatch.setenv(llvm_worker.WORKERS_ENV, "1")
-    monkeypatch.setenv("ECLAT_CACHE_DIR", str(tmp_path))
-    texts = [jit.widest_vectors(t, 8 * jit.vector_bytes()) for t in _kernel_texts(12)[9:]]
-    for text in texts:
-        jit.compile_early(text)
-    assert len(jit._early) + sum(jit._key(t) in jit._code for t in texts) == len(texts)
-    tm = jit.target_machine()
-    made = jit.kernel_codes(texts)
-    assert [obj for obj, _ in made] == [llvm_worker.compiled(t, tm)[0] for t in texts]
-    assert not jit._early and all(jit._key(t) in jit._code for t in texts)
-
-    bad = "define void @bad() {\nentry:\n  %x = add i32 %x, 1\n  ret void\n}"
-    jit.compile_early(bad)
-    with pytest.raises(RuntimeError, match="Only PHI nodes may reference their own value"):
-        jit.kernel_codes([bad])
-
-
 def test_loops_are_vectorised_at_the_hosts_widest_vectors():
     """LLVM's vectoriser prefers 256-bit vectors on Intel's AVX-512 cores, where the contractions
     use all 512; kernel functions ask for the host's widest (jit.widest_vectors), so an

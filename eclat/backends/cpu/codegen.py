@@ -48,7 +48,7 @@ from .attention import AttentionEmitter
 from .attention_plan import attention_parts
 from .contraction import PACKED, ContractionEmitter, contraction_of
 from .emitter import INDEX_OPS, KERNEL_TYPE, SIZES, KernelEmitter
-from .jit import code_environment, compile_early, prepared_text
+from .jit import code_environment, prepared_text
 from .scalar import I8, I32, I64, PTR, i64
 
 # below both, handing a kernel to the pool costs more than it saves; a copy above the bytes
@@ -135,7 +135,6 @@ def build_module(program: Program, plan: MemoryPlan, threads: int = 1, lanes: in
         key = em.key()
         if key not in functions:
             fn_name, outer, kernels[fn_name] = _function(em, key, lanes)
-            compile_early(kernels[fn_name])
             functions[key] = (fn_name, outer)
             ir.Function(mod, KERNEL_TYPE, fn_name)  # declared here, defined in its own module
         fn_name, outer = functions[key]

@@ -7,7 +7,6 @@ import re
 import threading
 import warnings
 from collections import OrderedDict
-from concurrent.futures import Future
 from functools import cache
 from typing import Any
 
@@ -17,7 +16,6 @@ import llvmlite.ir as ir
 from . import code_store
 from .host import vector_bytes
 from .llvm_worker import compile_all, compiled, machine, optimised
-from .llvm_worker import compile_early as compile_early_on_worker
 from .threads import pool_address, pool_unavailable
 
 # eclat_parallel without the pool: the whole range on the calling thread
@@ -116,55 +114,18 @@ def prepared_text(module: ir.Module) -> str:
     return _prepared(module, target_machine())
 
 
-def _key(text: str) -> str:
-    return hashlib.sha256(f"{code_environment()}|{text}".encode()).hexdigest()
-
-
-def compile_early(text: str) -> None:
-    """Begin compiling a kernel's prepared_text on a worker process while this one emits the rest of
-    its build (kernel_codes collects it): emitting resnet18's kernels took this process a second
-    that the other core spent idle. Its code joins the process's cache and the disk when done."""
-    key = _key(text)
-    with _code_lock:
-        if key in _code or key in _early:
-            return
-    kept = _stored_code(key)
-    if kept is not None:
-        _keep({key: kept})
-        return
-    with _code_lock:
-        if key in _early:
-            return
-        job = compile_early_on_worker(*_host_cpu(), text)
-        if job is None:
-            return
-        _early[key] = job
-
-    def done(job: Future) -> None:
-        made = None if job.cancelled() else job.result()
-        if made is not None:  # kept before it leaves _early: kernel_codes finds it in one or the other
-            code_store.write("object", key, None, [made[0], made[1].encode()])
-            _keep({key: made})
-        with _code_lock:
-            if _early.get(key) is job:
-                del _early[key]
-    job.add_done_callback(done)
-
-
-_early: dict[str, Future] = {}  # IR digest -> its compile begun by compile_early, until done
-
-
 def kernel_codes(kernels: list[ir.Module | str]) -> list[tuple[bytes, str]]:
     """The object code and optimised IR of kernels, modules (or their prepared_text) each holding
     one kernel function. Compiled once per process and kept on disk (code_store): the candidates
     of a compile, the layers of a model and the schedules a tuner tries share most kernels, a second
     compile of a model all of them, and optimising them is most of a build's time. What is new is
-    compiled on every core (llvm_worker), or was begun on a worker as it was emitted."""
+    compiled on every core (llvm_worker)."""
+    env = code_environment()
     texts = {}
     keys = []
     for kernel in kernels:
         text = kernel if isinstance(kernel, str) else prepared_text(kernel)
-        key = _key(text)
+        key = hashlib.sha256(f"{env}|{text}".encode()).hexdigest()
         texts[key] = text
         keys.append(key)
     with _code_lock:
@@ -172,20 +133,15 @@ def kernel_codes(kernels: list[ir.Module | str]) -> list[tuple[bytes, str]]:
             if key in _code:
                 _code.move_to_end(key)
         missing = [k for k in dict.fromkeys(keys) if k not in _code]
-        early = {k: job for k in missing if (job := _early.pop(k, None)) is not None}
-    begun = {k: job for k, job in early.items() if not job.cancel()}  # (cancel runs done(): unlocked)
-    stored = {k: kept for k in missing if k not in begun and (kept := _stored_code(k)) is not None}
-    missing = [k for k in missing if k not in stored and k not in begun]
-    tm = target_machine() if missing or begun else None
-    made = dict(zip(missing, compile_all(*_host_cpu(), [texts[k] for k in missing],
-                                         lambda text: compiled(text, tm)))) if missing else {}
-    for k, job in begun.items():  # by now most are done: this process compiled the rest meanwhile
-        if job.result() is None:  # (compile_early's done() stored what a worker made)
-            made[k] = compiled(texts[k], tm)
-    for k, (obj, opt) in made.items():
-        code_store.write("object", k, None, [obj, opt.encode()])
-    made |= {k: job.result() for k, job in begun.items() if k not in made}
-    if made:
+    stored = {k: kept for k in missing if (kept := _stored_code(k)) is not None}
+    missing = [k for k in missing if k not in stored]
+    made = {}
+    if missing:
+        tm = target_machine()
+        made = dict(zip(missing, compile_all(*_host_cpu(), [texts[k] for k in missing],
+                                             lambda text: compiled(text, tm))))
+        for k, (obj, opt) in made.items():
+            code_store.write("object", k, None, [obj, opt.encode()])
         code_store.trim()
     _keep(stored | made)
     with _code_lock:

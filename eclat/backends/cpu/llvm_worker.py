@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from typing import BinaryIO
 
 import llvmlite.binding as llvm
@@ -151,46 +150,8 @@ def worker_count() -> int:
     return max(0, min(len(os.sched_getaffinity(0)) - 1, MAX_WORKERS))
 
 
-_workers: list[_Worker] = []  # every worker started and not found dead
-_busy: set[int] = set()  # id() of those a batch or an early compile is using
-_released = threading.Condition()  # guards both; notified when a worker is given back
-
-
-def _take(n: int, wait: bool = False) -> list[_Worker]:
-    """Up to n workers nobody is using, started as needed up to worker_count(); wait: at least one,
-    once another user gives one back (none where no worker may start)."""
-    with _released:
-        while True:
-            _workers[:] = [w for w in _workers if id(w) in _busy or w.process.poll() is None]  # dead out
-            idle = [w for w in _workers if id(w) not in _busy]
-            limit = worker_count()
-            try:
-                while len(idle) < n and len(_workers) < limit:
-                    idle.append(_Worker())
-                    _workers.append(idle[-1])
-            except OSError:
-                limit = len(_workers)  # no worker can start here
-            taken = idle[:n]
-            if taken or not wait or limit == 0:
-                _busy.update(map(id, taken))
-                return taken
-            _released.wait()
-
-
-def _give_back(w: _Worker, dead: bool = False) -> None:
-    with _released:
-        _busy.discard(id(w))
-        if dead and w in _workers:
-            _workers.remove(w)  # a later build starts another
-        _released.notify()
-
-
-def _on(w: _Worker, cpu: str, features: str, text: str) -> tuple[tuple[bytes, str] | None, bool]:
-    """(what worker w made of text or None, whether w died doing it)."""
-    try:
-        return w.compile(cpu, features, text), False
-    except (OSError, EOFError, pickle.PickleError):
-        return None, True
+_workers: list[_Worker] = []
+_workers_lock = threading.Lock()  # one batch at a time uses the workers
 
 
 def compile_all(cpu: str, features: str, texts: list[str],
@@ -213,60 +174,30 @@ def compile_all(cpu: str, features: str, texts: list[str],
             if results[i] is None:
                 return
 
-    def remote(w: _Worker) -> None:
-        dead = False
-
-        def one(text: str) -> tuple[bytes, str] | None:
-            nonlocal dead
-            made, dead = _on(w, cpu, features, text)
-            return made
+    with _workers_lock:
+        want = min(worker_count(), len(texts) - 1)
+        _workers[:] = [w for w in _workers if w.process.poll() is None]  # the dead are replaced
         try:
-            drain(one)
-        finally:
-            _give_back(w, dead)
-    threads = [threading.Thread(target=remote, args=(w,), daemon=True)
-               for w in _take(max(0, min(worker_count(), len(texts) - 1)))]
-    for t in threads:
-        t.start()
-    try:
-        drain(local)
-    finally:
+            while len(_workers) < want:
+                _workers.append(_Worker())
+        except OSError:
+            pass  # no worker can start here: this process compiles alone
+        live = _workers[:want]
+
+        def remote(w: _Worker) -> None:
+            try:
+                drain(lambda text: w.compile(cpu, features, text))
+            except (OSError, EOFError, pickle.PickleError):
+                _workers.remove(w)  # dead: a later build starts another
+        threads = [threading.Thread(target=remote, args=(w,), daemon=True) for w in live]
         for t in threads:
-            t.join()
+            t.start()
+        try:
+            drain(local)
+        finally:
+            for t in threads:
+                t.join()
     return [r if r is not None else local(texts[i]) for i, r in enumerate(results)]
-
-
-_early_jobs: queue.SimpleQueue[tuple[Future, str, str, str]] = queue.SimpleQueue()
-_early_threads: list[threading.Thread] = []
-
-
-def compile_early(cpu: str, features: str, text: str) -> Future | None:
-    """text's compile on a worker process, begun while this process goes on (emitting a build's
-    other kernels); its result is None where the worker could not. None where no worker may start.
-    A job not yet begun can be cancelled (its caller compiles it with the rest: compile_all)."""
-    if worker_count() == 0:
-        return None
-    job: Future = Future()
-    _early_jobs.put((job, cpu, features, text))
-    with _released:
-        while len(_early_threads) < worker_count():
-            _early_threads.append(threading.Thread(target=_early_loop, daemon=True))
-            _early_threads[-1].start()
-    return job
-
-
-def _early_loop() -> None:
-    while True:
-        job, cpu, features, text = _early_jobs.get()
-        if not job.set_running_or_notify_cancel():
-            continue
-        taken = _take(1, wait=True)
-        if not taken:
-            job.set_result(None)
-            continue
-        made, dead = _on(taken[0], cpu, features, text)
-        _give_back(taken[0], dead)
-        job.set_result(made)
 
 
 if __name__ == "__main__":
