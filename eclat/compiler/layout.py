@@ -180,7 +180,9 @@ class _Rebuild:
         both = compose(inner if order is None else inner.permute(_inverse(order)), v)
         if both is not None:
             return g.view(src, both)
-        return g.view(g.contiguous(stored) if stored.op == "view" else stored, v)  # a copy in y's order
+        # v reads y's own order: a copy in it (stored holds y transposed by order)
+        back = _transposed(stored, _inverse(order)) if order is not None else stored
+        return g.view(g.contiguous(back) if back.op == "view" else back, v)
 
     def _laid_out(self, w: Node, order: Perm) -> Node:
         """The weight w as a new weight of its elements in `order` (laid out at compile time)."""
