@@ -4,9 +4,12 @@ offered them beside the channels-first program."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import eclat
 from eclat.backends.cpu.runtime import CpuExecutable
@@ -173,3 +176,129 @@ def test_a_view_that_cannot_compose_with_its_sources_order_reads_a_copy_in_the_s
     with torch.no_grad():
         np.testing.assert_allclose(want, model(x).numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(run(channels_last(graph, 10**6), [x.numpy()])[0], want, rtol=1e-5, atol=1e-6)
+
+
+class _RandomConvnet(torch.nn.Module):
+    """A small random convnet: 2-6 steps of convolutions (kernels 1, 2, 3, 5, 1x3 and 3x1, strides,
+    dilations, zero, reflect and replicate padding, grouped and depthwise, BatchNorm), activations,
+    pooling, residuals, concatenations, upsampling, channel shuffles, squeeze-excitation and pads."""
+
+    def __init__(self, rng: random.Random, channels: int):
+        super().__init__()
+        nn = torch.nn
+        self.convs = nn.ModuleList()
+        self.steps: list[tuple] = []
+        c = channels
+
+        def conv(cin: int, cout: int, *args, **kw) -> int:
+            self.convs.append(nn.Conv2d(cin, cout, *args, **kw))
+            return len(self.convs) - 1
+
+        for _ in range(rng.randint(2, 6)):
+            kind = rng.choice(["conv", "conv", "depthwise", "grouped", "pool", "act", "residual", "cat",
+                               "up", "shuffle", "se", "pad"])
+            if kind in ("conv", "depthwise", "grouped"):
+                stride = rng.choice([1, 1, 2])
+                pad = rng.choice([0, 1, 2, "same"] if stride == 1 else [0, 1, 2])
+                groups = {"conv": 1, "depthwise": c, "grouped": 2 if c % 2 == 0 else 1}[kind]
+                out = {"conv": rng.choice([4, 8, 16, 17, 24]), "depthwise": c * rng.choice([1, 2]),
+                       "grouped": groups * rng.choice([2, 3])}[kind]
+                mode = rng.choice(["zeros", "reflect", "replicate"]) if pad != 0 else "zeros"
+                kernel = rng.choice([1, 2, 3, 5, (1, 3), (3, 1)])
+                self.steps.append(("conv", conv(c, out, kernel, stride, pad, dilation=rng.choice([1, 2]),
+                                                groups=groups, padding_mode=mode)))
+                c = out
+            elif kind == "pool":
+                self.steps.append(("pool", rng.choice([F.max_pool2d, F.avg_pool2d]), rng.choice([2, 3]),
+                                   rng.choice([1, 2]), rng.random() < 0.3))
+            elif kind == "act":
+                self.steps.append(("act", rng.choice([F.relu, F.hardswish, F.silu, F.gelu, torch.sigmoid])))
+            elif kind == "residual":
+                self.steps.append(("residual", conv(c, c, 3, 1, 1)))
+            elif kind == "cat":
+                self.steps.append(("cat", conv(c, 8, 1)))
+                c += 8
+            elif kind == "se":
+                self.steps.append(("se", conv(c, 4, 1), conv(4, c, 1)))
+            elif kind != "shuffle" or c % 2 == 0:
+                self.steps.append((kind, rng.choice(["nearest", "bilinear"]) if kind == "up" else
+                                   rng.choice([(1, 1, 1, 1), (0, 1, 0, 1), (2, 0, 1, 0)])))
+
+    def forward(self, x):
+        for kind, *arg in self.steps:
+            if kind == "conv":
+                x = self.convs[arg[0]](x)
+            elif kind == "pool" and min(x.shape[-2:]) >= arg[1]:
+                pool, k, stride, ceil = arg
+                x = pool(x, k, stride, k // 2, ceil_mode=ceil)
+            elif kind == "act":
+                x = arg[0](x)
+            elif kind == "residual":
+                x = x + self.convs[arg[0]](x)
+            elif kind == "cat":
+                x = torch.cat([x, self.convs[arg[0]](x)], 1)
+            elif kind == "up" and x.shape[-1] < 12:
+                x = F.interpolate(x, scale_factor=2, mode=arg[0])
+            elif kind == "shuffle":
+                n, c, h, w = x.shape
+                x = x.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+            elif kind == "se":
+                squeezed = F.relu(self.convs[arg[0]](x.mean((2, 3), keepdim=True)))
+                x = x * torch.sigmoid(self.convs[arg[1]](squeezed))
+            elif kind == "pad":
+                x = F.pad(x, arg[0])
+        return x
+
+
+def _random_case(seed: int) -> tuple[torch.nn.Module, torch.Tensor] | None:
+    """Seed's net and input; None where torch itself refuses the net (a map too small for a kernel)."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    channels = rng.choice([1, 3, 4, 8])
+    model = _RandomConvnet(rng, channels).eval()
+    x = torch.randn(rng.choice([1, 2]), channels, rng.randint(5, 20), rng.randint(5, 20))
+    try:
+        with torch.no_grad():
+            model(x)
+    except RuntimeError:
+        return None
+    return model, x
+
+
+def _check_random_convnets(seeds: range, build: bool) -> None:
+    checked = 0
+    for seed in seeds:
+        case = _random_case(seed)
+        if case is None:
+            continue
+        model, x = case
+        graph = lower(model, (x,))
+        with torch.no_grad():
+            want = model(x).numpy()
+        scale = np.abs(want).max() + 1e-6
+        for pixels in (16 + seed % 100, 10**6):  # regions of small maps meeting channels-first ones; all
+            cl = channels_last(graph, pixels)
+            if cl is None:
+                continue
+            checked += 1
+            got = run(cl, [x.numpy()])[0]
+            assert np.abs(got - want).max() <= 1e-5 * scale, f"seed {seed}, channels-last to {pixels} pixels"
+            for threads in (1, 2) if build else ():
+                program = group(graph, frozenset({"attention", "windows"}), channels_last_pixels=pixels)
+                for k in program.kernels:
+                    k.schedule = default_schedule(k, threads, weights=program.weights)
+                got = CpuExecutable(program, threads).run([x.numpy()])[0]
+                where = f"seed {seed}, {pixels} pixels, {threads} threads"
+                assert np.abs(got - want).max() <= 1e-4 * scale, where
+    assert checked >= len(seeds) // 2  # most nets have feature maps to lay out
+
+
+def test_random_convnets_compute_the_same_channels_last():
+    """Random small convnets (the fuzzing that found the bug above, a few seeds): each laid out
+    channels-last, all its maps and those under a bound, computes what torch does."""
+    _check_random_convnets(range(12), build=False)
+
+
+@pytest.mark.slow
+def test_many_random_convnets_run_the_same_channels_last():
+    _check_random_convnets(range(100, 220), build=True)
