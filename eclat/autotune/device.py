@@ -29,10 +29,10 @@ from .cache import cache_dir as _cache_dir
 CACHE_SCHEMA = 1
 FMA_ACCUMULATORS = 12  # independent FMA chains: enough to cover latency x issue width on x86 and GPUs
 FMA_SECONDS = 0.05  # target duration of one FMA run after calibration
-STREAM_BYTES = 32 << 20  # per array, 3x a core complex's L3 in all: one thread's triad measured the same
+STREAM_BYTES = 32 << 20  # per array (96 MB in all, 3x this VM's L3): one thread's triad measured the same
 # from 64 MB to 1.9 GB per array on a server with 480 MB of shared L3 (within 4%), and on a KVM VM with
-# 32 MB of L3 the same at 32 and 64 MB (within its noise) where first touching the larger arrays took
-# 1.3 s against 0.35 s of a first compile's device probe
+# 32 MB of L3 the same at 32 and 64 MB (within its noise), where touching the larger arrays made a
+# first compile's device probe take 1.3 s, not 0.35
 REPEATS = 3  # best of REPEATS for each benchmark: other processes only ever make a run slower
 
 
