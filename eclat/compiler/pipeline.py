@@ -418,11 +418,11 @@ def _programs(candidates: list[Graph], device: Any, threads: int, target: Any, e
     candidate takes seconds, and a "fast" search times only the best few)."""
     programs = []
     start = time.perf_counter()
+    offered = target.channels_last if enough is None else target.channels_last[:1]  # "full": all
     for n, cand in enumerate(candidates):
         late = n >= 1 and time.perf_counter() - start > GROUPING_SECONDS
         if enough is not None and (len(programs) >= enough or late):
             break
-        offered = target.channels_last if enough is None else target.channels_last[:1]  # "full": all
         layouts = [0, *(p for p in offered if feature_maps(cand, p))] if layout is None else [layout]
         for with_fused in (True, False) if fused is None else (fused,):
             plain = None  # its channels-first program
